@@ -1,0 +1,40 @@
+# trex: every target bootstraps .venv itself.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.trex-installed
+PYTEST_ARGS ?=
+
+.PHONY: all demo test lint typecheck unit crds bench clean images
+
+all: test
+
+$(STAMP): pyproject.toml scripts/install_binaries.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU torch first, from the pinned local wheel, so the project's torch range is already satisfied.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) scripts/install_binaries.py
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check workloads operator tests benchmarks scripts
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --timeout 900 $(PYTEST_ARGS)
+
+test: lint unit
+
+crds: $(STAMP)
+	$(VENV)/bin/trex crds --out crds --chart charts/trex/crds
+
+demo: $(STAMP)
+	$(VENV)/bin/trex demo
+
+bench: $(STAMP)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache

@@ -1,0 +1,487 @@
+"""CRD envelopes for the four job kinds: common pod fields, the workload section, references, status.
+
+These pydantic models are the single source of truth: the CRD YAML in crds/ is generated from them
+(`trex crds`), `trex validate` checks manifests with them, and the operator parses specs with them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from trex.config_base import DNS1123_LABEL, TrexModel, check_dns1123_label
+from trex.evaluation.config import EvalConfig
+from trex.kernels.config import KernelTuneConfig
+from trex.ordata.config import ORDataConfig
+from trex.trainer.config import TrainerConfig, parallelism_problems
+
+GROUP = "trex.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+DEFAULT_IMAGE = "ghcr.io/trex-dev/trex-workload-cpu:0.1.0"
+NPU_DEVICES_PER_REPLICA = (1, 2, 4, 8, 16)
+QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+PHASES = ("Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+_DNS_SCHEMA: dict[str, Any] = {"pattern": DNS1123_LABEL.pattern, "maxLength": 63}
+Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
+class ObjectMeta(TrexModel):
+    """The parts of Kubernetes object metadata trex reads; server-set fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    """Object name (DNS-1123 label: lowercase letters, digits and '-', at most 63 characters)."""
+    namespace: str | None = None
+    """Namespace (default: the current one)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels, copied to every child object."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dns1123_label(v, "")
+
+
+class Toleration(TrexModel):
+    """A pod toleration (as in core/v1)."""
+
+    key: str | None = None
+    """Taint key (unset with operator Exists = all taints)."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists or Equal."""
+    value: str | None = None
+    """Taint value for Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect (unset = all)."""
+    toleration_seconds: int | None = Field(default=None, ge=0)
+    """NoExecute: seconds to stay bound after the taint appears."""
+
+
+Quantity = int | str
+
+
+class ResourceSpec(TrexModel):
+    """Extra resource requests/limits per replica; device resources are added from deviceType."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Requests, e.g. {cpu: 8, memory: 64Gi}."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Limits, e.g. {memory: 64Gi}."""
+
+    @model_validator(mode="after")
+    def _quantities(self) -> ResourceSpec:
+        for section, values in (("requests", self.requests), ("limits", self.limits)):
+            for k, v in values.items():
+                if isinstance(v, int):
+                    if v < 0:
+                        raise ValueError(f"{section}.{k}: quantity must not be negative, got {v}")
+                elif not QUANTITY.match(v) or v.startswith("-"):
+                    raise ValueError(f"{section}.{k}: {v!r} is not a Kubernetes quantity (e.g. 500m, 4, 16Gi)")
+        return self
+
+
+class SchedulingSpec(TrexModel):
+    """Gang scheduling and priority."""
+
+    gang: Literal["none", "volcano", "kueue"] = "none"
+    """none; volcano (a PodGroup with minMember = replicas); kueue (queue label, suspend honoured)."""
+    queue: str | None = Field(default=None, json_schema_extra=_DNS_SCHEMA)
+    """Volcano queue or Kueue LocalQueue name."""
+    priority_class_name: str | None = None
+    """PriorityClass of the pods."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SchedulingSpec:
+        if self.gang == "kueue" and not self.queue:
+            raise ValueError("queue: required when gang is 'kueue' (the LocalQueue to submit to)")
+        if self.queue is not None:
+            check_dns1123_label(self.queue, "queue:")
+        return self
+
+
+class RunPolicy(TrexModel):
+    """Restarts, deadlines, suspension and cleanup."""
+
+    backoff_limit: int = Field(default=3, ge=0, le=1000)
+    """Genuine failures tolerated (gang restarts) before the job fails; preemption does not count."""
+    active_deadline_seconds: int | None = Field(default=None, gt=0, le=366 * 86400)
+    """Fail the job when it runs longer than this (s)."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=366 * 86400)
+    """Delete the job this long after it finished (s)."""
+    suspend: bool = False
+    """Suspend: delete the pods (keep config); resume recreates them."""
+    clean_pod_policy: Literal["None", "Running", "All"] = "Running"
+    """Pods deleted when the job ends: None, those still Running, or All."""
+    dependency_timeout_seconds: int = Field(default=3600, gt=0, le=30 * 86400)
+    """How long to wait for referenced jobs before failing (s)."""
+    stall_seconds: int = Field(default=1800, gt=0, le=7 * 86400)
+    """No progress for this long adds a Stalled condition (s)."""
+
+
+class StorageSpec(TrexModel):
+    """Where a volume comes from: exactly one of claimName, hostPath, emptyDir."""
+
+    claim_name: str | None = Field(default=None, json_schema_extra=_DNS_SCHEMA)
+    """PersistentVolumeClaim name."""
+    host_path: str | None = None
+    """Host directory (single-node or development clusters)."""
+    empty_dir: bool = False
+    """Scratch space that lives as long as the pod."""
+    mount_path: str | None = None
+    """Mount path in the container (default /data, /checkpoints or /output)."""
+
+    @model_validator(mode="after")
+    def _one(self) -> StorageSpec:
+        chosen = [n for n, v in (("claimName", self.claim_name), ("hostPath", self.host_path),
+                                  ("emptyDir", self.empty_dir or None)) if v]
+        if len(chosen) != 1:
+            raise ValueError(f"claimName: exactly one of claimName, hostPath, emptyDir must be set (got {chosen or 'none'})")
+        if self.claim_name is not None:
+            check_dns1123_label(self.claim_name, "claimName:")
+        for p in (self.host_path, self.mount_path):
+            if p is not None and not p.startswith("/"):
+                raise ValueError(f"mountPath: path {p!r} must be absolute")
+        return self
+
+
+class VolumesSpec(TrexModel):
+    """Volumes mounted into every pod of the job."""
+
+    data: StorageSpec | None = None
+    """Input data (mounted at /data)."""
+    checkpoints: StorageSpec | None = None
+    """Checkpoints (mounted at /checkpoints); must be shared by all replicas for resume."""
+    output: StorageSpec | None = None
+    """Outputs (mounted at /output)."""
+
+
+class EnvVar(TrexModel):
+    """An extra environment variable."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Variable name."""
+    value: str
+    """Value."""
+
+
+class CommonSpec(TrexModel):
+    """Fields every job kind shares: image, replicas, devices, placement, scheduling, run policy."""
+
+    image: str = DEFAULT_IMAGE
+    """Workload container image."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy."""
+    replicas: int = Field(default=1, gt=0, le=4096)
+    """Pods (one per node for multi-device jobs)."""
+    devices_per_replica: int = Field(default=1, gt=0, le=64)
+    """Accelerators per pod (npu: 1, 2, 4, 8 or 16); one worker process per device."""
+    device_type: Literal["npu", "gpu", "cpu"] = "cpu"
+    """npu (huawei.com/Ascend910), gpu (nvidia.com/gpu) or cpu."""
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    """Extra CPU/memory requests and limits per pod."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector."""
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """Gang scheduling and priority."""
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    """Restarts, deadlines, suspension, cleanup."""
+    volumes: VolumesSpec = Field(default_factory=VolumesSpec)
+    """Data, checkpoint and output volumes."""
+    metrics_port: int = Field(default=9400, ge=1024, le=65_535)
+    """Prometheus port each pod serves."""
+    env: list[EnvVar] = Field(default_factory=list)
+    """Extra environment variables."""
+    service_account_name: str | None = None
+    """ServiceAccount of the pods (workloads need no RBAC)."""
+
+    @model_validator(mode="after")
+    def _devices(self) -> CommonSpec:
+        if self.device_type == "npu" and self.devices_per_replica not in NPU_DEVICES_PER_REPLICA:
+            raise ValueError(
+                f"devicesPerReplica: {self.devices_per_replica} is not allowed for deviceType npu; "
+                f"allowed: {', '.join(map(str, NPU_DEVICES_PER_REPLICA))}"
+            )
+        return self
+
+
+class JobRef(TrexModel):
+    """A reference to another trex job in the same namespace."""
+
+    name: str = Field(json_schema_extra=_DNS_SCHEMA)
+    """Name of the referenced job (DNS-1123 label)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dns1123_label(v, "")
+
+
+class CheckpointRef(JobRef):
+    """A TrainJob checkpoint."""
+
+    step: int | None = Field(default=None, ge=0)
+    """Checkpoint step (unset = the latest verified one)."""
+
+
+class TrainJobSpec(CommonSpec):
+    """A TrainJob: `replicas` pods x `devicesPerReplica` trainer processes."""
+
+    trainer: TrainerConfig
+    """The trainer configuration (same schema as `trex train --config`)."""
+    data_from: JobRef | None = None
+    """Train on the output of this ORDataJob (sets trainer.data.train)."""
+    kernels_from: JobRef | None = None
+    """Use the tuned kernels of this KernelTuneJob."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> TrainJobSpec:
+        world = self.replicas * self.devices_per_replica
+        problems = parallelism_problems(self.trainer, world)
+        if problems:
+            raise ValueError("\n".join(f"trainer.{path}: {msg}" for path, msg in problems))
+        if self.data_from is not None and self.trainer.data.train is not None:
+            raise ValueError("dataFrom: set either dataFrom or trainer.data.train, not both")
+        return self
+
+
+_BACKEND_DEVICE = {"cpu-c": "cpu", "cuda-triton": "gpu", "npu-ascendc": "npu"}
+
+
+class KernelTuneJobSpec(CommonSpec):
+    """A KernelTuneJob: one pod per backend/device target."""
+
+    kernels: KernelTuneConfig
+    """The tuning configuration (same schema as `trex kernels tune --config`)."""
+
+    @model_validator(mode="after")
+    def _backend(self) -> KernelTuneJobSpec:
+        want = _BACKEND_DEVICE[self.kernels.backend]
+        if want != self.device_type:
+            raise ValueError(f"deviceType: kernels.backend {self.kernels.backend!r} needs deviceType {want!r}, got {self.device_type!r}")
+        return self
+
+
+class ORDataJobSpec(CommonSpec):
+    """An ORDataJob: an Indexed Job with one completion per shard, then a merge Job."""
+
+    ordata: ORDataConfig
+    """The pipeline configuration (same schema as `trex ordata generate --config`)."""
+    parallelism: int = Field(default=4, gt=0, le=10_000)
+    """Shard pods running at once."""
+    backoff_limit_per_index: int = Field(default=2, ge=0, le=100)
+    """Retries per shard."""
+
+
+class ServerSpec(TrexModel):
+    """A model server (vLLM-compatible) the operator runs for the job's lifetime."""
+
+    image: str
+    """Server image (e.g. a vLLM image)."""
+    args: list[str] = Field(default_factory=list)
+    """Container arguments (the model path is appended when modelFrom is set)."""
+    port: int = Field(default=8000, ge=1, le=65_535)
+    """Port of the OpenAI-compatible API."""
+    devices: int = Field(default=1, ge=0, le=64)
+    """Accelerators for the server pod (of the job's deviceType)."""
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    """Extra requests/limits."""
+
+
+class EvalJobSpec(CommonSpec):
+    """An EvalJob: evaluation pod(s), optionally with an operator-managed model server."""
+
+    evaluation: EvalConfig
+    """The evaluation configuration (same schema as `trex eval --config`)."""
+    model_from: CheckpointRef | None = None
+    """Evaluate this TrainJob's checkpoint."""
+    server: ServerSpec | None = None
+    """Serve the model with this server (Deployment + Service) for the job's lifetime."""
+    pod_per_benchmark: bool = False
+    """One pod per benchmark instead of one pod for all."""
+
+    @model_validator(mode="after")
+    def _model_source(self) -> EvalJobSpec:
+        kind = self.evaluation.model.kind
+        if kind == "openai" and self.server is None and not self.evaluation.model.url:
+            raise ValueError("evaluation.model.url: required for kind 'openai' unless server is set")
+        if self.model_from is not None and kind not in ("trex-checkpoint", "openai"):
+            raise ValueError(f"evaluation.model.kind: modelFrom needs 'trex-checkpoint' or 'openai' with a server, got {kind!r}")
+        if self.model_from is not None and kind == "openai" and self.server is None:
+            raise ValueError("server: modelFrom with evaluation.model.kind 'openai' needs a server (the operator serves the checkpoint)")
+        return self
+
+
+class Condition(TrexModel):
+    """A status condition (Kubernetes API conventions)."""
+
+    type: str
+    """Condition type, e.g. Ready, Running, Succeeded, Failed, Stalled, WaitingForDependency."""
+    status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
+    reason: str = ""
+    """CamelCase reason."""
+    message: str = ""
+    """Human-readable detail."""
+    last_transition_time: str | None = None
+    """RFC 3339 time of the last status change."""
+    observed_generation: int | None = None
+    """Generation the condition was computed from."""
+
+
+class LineageEntry(TrexModel):
+    """A job this job took inputs from."""
+
+    kind: str
+    """Kind of the referenced job."""
+    name: str
+    """Name of the referenced job."""
+    uid: str | None = None
+    """UID at the time it was used."""
+    detail: str | None = None
+    """What was taken (output path, checkpoint step, kernel registry)."""
+
+
+class JobStatus(TrexModel):
+    """Observed state, written only by the operator."""
+
+    model_config = ConfigDict(strict=False)
+
+    phase: Phase | None = None
+    """Pending, Starting, Running, Restarting, Suspended, Succeeded or Failed."""
+    reason: str | None = None
+    """Reason of the current phase (e.g. InvalidSpec, BackoffLimitExceeded)."""
+    message: str | None = None
+    """Detail of the current phase."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Conditions."""
+    observed_generation: int | None = None
+    """Spec generation last reconciled."""
+    attempt: int = 0
+    """Gang attempt (incremented on every whole-job restart)."""
+    restarts: dict[str, int] = Field(default_factory=dict)
+    """Restarts by cause (failure, oomKilled, preempted, nodeLost, ...)."""
+    start_time: str | None = None
+    """When the job started running (RFC 3339)."""
+    completion_time: str | None = None
+    """When the job finished (RFC 3339)."""
+    progress: dict[str, Any] = Field(default_factory=dict)
+    """Live progress scraped from rank 0 (step, maxSteps, loss, mfu, tokensPerSecond, percent, ...)."""
+    results: dict[str, Any] = Field(default_factory=dict)
+    """Final results from the pods' termination messages."""
+    lineage: list[LineageEntry] = Field(default_factory=list)
+    """Jobs this job took inputs from."""
+
+
+class _Envelope(TrexModel):
+    api_version: Literal["trex.dev/v1alpha1"]
+    """API group/version."""
+    metadata: ObjectMeta
+    """Object metadata."""
+    status: JobStatus | None = None
+    """Status (operator-owned)."""
+
+
+class TrainJob(_Envelope):
+    """A training run of the parallel MoE trainer."""
+
+    kind: Literal["TrainJob"]
+    """Kind."""
+    spec: TrainJobSpec
+    """Desired state."""
+
+
+class KernelTuneJob(_Envelope):
+    """An AuraKernel tuning run."""
+
+    kind: Literal["KernelTuneJob"]
+    """Kind."""
+    spec: KernelTuneJobSpec
+    """Desired state."""
+
+
+class ORDataJob(_Envelope):
+    """A solver-verified OR data generation run."""
+
+    kind: Literal["ORDataJob"]
+    """Kind."""
+    spec: ORDataJobSpec
+    """Desired state."""
+
+
+class EvalJob(_Envelope):
+    """An OR benchmark evaluation run."""
+
+    kind: Literal["EvalJob"]
+    """Kind."""
+    spec: EvalJobSpec
+    """Desired state."""
+
+
+JobModel = TrainJob | KernelTuneJob | ORDataJob | EvalJob
+
+KINDS: dict[str, type[TrainJob] | type[KernelTuneJob] | type[ORDataJob] | type[EvalJob]] = {
+    "TrainJob": TrainJob, "KernelTuneJob": KernelTuneJob, "ORDataJob": ORDataJob, "EvalJob": EvalJob,
+}
+
+
+class KindInfo(TrexModel):
+    """Naming and presentation of one kind in the CRD."""
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: list[str]
+    section: str
+    printer_columns: list[dict[str, str]]
+
+
+_AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+_PHASE = {"name": "Phase", "type": "string", "jsonPath": ".status.phase"}
+_PCT = {"name": "Progress", "type": "string", "jsonPath": ".status.progress.percent"}
+
+KIND_INFO: dict[str, KindInfo] = {
+    "TrainJob": KindInfo(
+        kind="TrainJob", plural="trainjobs", singular="trainjob", short_names=["tj"], section="trainer",
+        printer_columns=[
+            _PHASE,
+            {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+            {"name": "MFU", "type": "number", "jsonPath": ".status.progress.mfu"},
+            {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+            {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": "1"},
+            _AGE,
+        ],
+    ),
+    "KernelTuneJob": KindInfo(
+        kind="KernelTuneJob", plural="kerneltunejobs", singular="kerneltunejob", short_names=["ktj"],
+        section="kernels",
+        printer_columns=[
+            _PHASE, _PCT,
+            {"name": "Speedup", "type": "number", "jsonPath": ".status.results.geomeanSpeedup"},
+            {"name": "Backend", "type": "string", "jsonPath": ".spec.kernels.backend", "priority": "1"},
+            _AGE,
+        ],
+    ),
+    "ORDataJob": KindInfo(
+        kind="ORDataJob", plural="ordatajobs", singular="ordatajob", short_names=["odj"], section="ordata",
+        printer_columns=[
+            _PHASE, _PCT,
+            {"name": "Accepted", "type": "integer", "jsonPath": ".status.results.accepted"},
+            _AGE,
+        ],
+    ),
+    "EvalJob": KindInfo(
+        kind="EvalJob", plural="evaljobs", singular="evaljob", short_names=["ej"], section="evaluation",
+        printer_columns=[
+            _PHASE, _PCT,
+            {"name": "Pass@1", "type": "number", "jsonPath": ".status.results.passAt1"},
+            _AGE,
+        ],
+    ),
+}

@@ -1,0 +1,1 @@
+"""Zero-shot OR benchmark harness with pinned scoring protocols."""

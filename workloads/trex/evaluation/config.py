@@ -1,0 +1,115 @@
+"""EvalConfig: benchmarks, model and protocol of one evaluation; `spec.evaluation` of an EvalJob."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trex.config_base import TrexModel
+
+BENCHMARK_NAMES: tuple[str, ...] = (
+    "nl4opt", "mamo_easy", "mamo_complex", "optibench", "nl4opt_e", "industryor", "industryor_fixed",
+    "optmath", "bench4opt", "ordata",
+)
+BenchmarkName = Literal[
+    "nl4opt", "mamo_easy", "mamo_complex", "optibench", "nl4opt_e", "industryor", "industryor_fixed",
+    "optmath", "bench4opt", "ordata",
+]
+Protocol = Literal["strict", "orlm", "mamo", "optibench", "sirl"]
+
+
+class BenchmarkSpec(TrexModel):
+    """One benchmark file or folder and how to score it."""
+
+    name: BenchmarkName
+    """Benchmark (also selects the loader unless `format` says otherwise)."""
+    path: str
+    """File or folder (Bench4Opt: instance folders or its tarball)."""
+    format: Literal["auto", "nl4opt", "mamo", "optibench", "industryor", "optmath", "bench4opt", "ordata"] = "auto"
+    """Loader; auto detects it from the content."""
+    protocol: Protocol | None = None
+    """Scoring protocol for this benchmark (unset = the run's protocol)."""
+    limit: int | None = Field(default=None, gt=0, le=1_000_000)
+    """Evaluate only the first N items."""
+
+
+class SamplingConfig(TrexModel):
+    """Pinned sampling parameters."""
+
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    max_tokens: int = Field(default=4096, gt=0, le=262_144)
+    """Completion token limit."""
+    seed: int = Field(default=0, ge=0)
+    """Sampling seed sent to the endpoint."""
+
+
+class ModelSpec(TrexModel):
+    """The model under evaluation."""
+
+    kind: Literal["openai", "transformers", "trex-checkpoint", "reference"] = "openai"
+    """openai (any OpenAI-compatible endpoint), transformers (local HF dir), trex-checkpoint, reference."""
+    url: str | None = None
+    """openai: base URL (…/v1)."""
+    name: str | None = None
+    """openai: model name sent to the endpoint."""
+    path: str | None = None
+    """transformers / trex-checkpoint: local directory."""
+    api_key_env: str | None = None
+    """Environment variable holding the API key."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling parameters."""
+    concurrency: int = Field(default=8, gt=0, le=1024)
+    """Requests in flight."""
+    retries: int = Field(default=3, ge=0, le=20)
+    """Retries per request on transport errors (exponential backoff); never on answers."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        # url may be left unset in an EvalJob whose operator-managed server provides it;
+        # local runs check it before the first request.
+        if self.kind == "openai" and not self.name:
+            raise ValueError("name: required when kind is 'openai'")
+        if self.kind in ("transformers", "trex-checkpoint") and not self.path:
+            raise ValueError(f"path: required when kind is {self.kind!r}")
+        return self
+
+
+class TimeoutConfig(TrexModel):
+    """Time limits."""
+
+    request_s: float = Field(default=300.0, gt=0, le=86_400)
+    """Per model request (s)."""
+    execution_s: float = Field(default=60.0, gt=0, le=86_400)
+    """Per sandboxed program run (s)."""
+
+
+class EvalConfig(TrexModel):
+    """One evaluation run."""
+
+    benchmarks: list[BenchmarkSpec] = Field(min_length=1)
+    """Benchmarks to run."""
+    model: ModelSpec
+    """Model under evaluation."""
+    protocol: Protocol = "strict"
+    """Default scoring protocol."""
+    k: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    """pass@k values reported (samples per item = max(k))."""
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    """Time limits."""
+    orgeval: bool = True
+    """Bench4Opt: also decide structural equivalence with ORGEval."""
+    output: str = "eval-out"
+    """Output directory."""
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        for i, kv in enumerate(self.k):
+            if not 1 <= kv <= 1024:
+                raise ValueError(f"k.{i}: must be in [1, 1024], got {kv}")
+        if self.protocol == "strict" and max(self.k) > 1 and self.model.sampling.temperature == 0:
+            raise ValueError("model.sampling.temperature: k > 1 needs temperature > 0 (greedy samples are identical)")
+        return self

@@ -1,0 +1,1 @@
+"""AuraKernel: OR-guided tiling, verified tree search over real kernels, and a skill library."""

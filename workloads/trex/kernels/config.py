@@ -1,0 +1,94 @@
+"""KernelTuneConfig: what AuraKernel tunes, where, and with which budget; `spec.kernels` of a KernelTuneJob."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trex.config_base import TrexModel
+
+KERNEL_NAMES: tuple[str, ...] = (
+    "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_clamp_fwd", "swiglu_clamp_bwd", "rope_fwd", "rope_inv",
+    "router_topk", "grouped_gemm", "cross_entropy", "kl_div", "mhc_pre",
+)
+KernelName = Literal[
+    "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_clamp_fwd", "swiglu_clamp_bwd", "rope_fwd", "rope_inv",
+    "router_topk", "grouped_gemm", "cross_entropy", "kl_div", "mhc_pre",
+]
+Backend = Literal["cpu-c", "cuda-triton", "npu-ascendc"]
+DType = Literal["fp32", "bf16"]
+DEFAULT_DTYPES: tuple[DType, ...] = ("fp32",)
+
+
+class KernelShape(TrexModel):
+    """One problem shape for one kernel, as named dimensions (e.g. rows, cols, experts)."""
+
+    kernel: KernelName
+    """Kernel the shape applies to."""
+    dims: dict[str, int]
+    """Named dimensions; each positive and at most 2^31."""
+
+    @model_validator(mode="after")
+    def _positive(self) -> KernelShape:
+        for k, v in self.dims.items():
+            if not 0 < v <= 2**31:
+                raise ValueError(f"dims.{k}: must be in [1, 2^31], got {v}")
+        return self
+
+
+class BudgetConfig(TrexModel):
+    """Search budget; whichever runs out first ends the search."""
+
+    trials: int = Field(default=200, gt=0, le=1_000_000)
+    """Candidates compiled, checked and profiled in total."""
+    seconds: float = Field(default=1800.0, gt=0, le=7 * 86400)
+    """Wall-clock budget (s)."""
+    samples: int = Field(default=30, ge=30, le=10_000)
+    """Timing samples per candidate and per baseline (interleaved)."""
+
+
+class LLMConfig(TrexModel):
+    """Optional hypothesis generator through an OpenAI-compatible endpoint."""
+
+    url: str
+    """Base URL of the endpoint (…/v1)."""
+    model: str
+    """Model name."""
+    api_key_env: str | None = None
+    """Environment variable holding the API key."""
+
+
+class KernelTuneConfig(TrexModel):
+    """One tuning run."""
+
+    suite: Literal["default", "none"] = "default"
+    """`default` tunes every kernel of the suite the backend supports; `none` tunes only `kernels`."""
+    kernels: list[KernelName] = Field(default_factory=list)
+    """Kernels to tune (empty with suite=default = all)."""
+    backend: Backend = "cpu-c"
+    """Backend: cpu-c (gcc + OpenMP), cuda-triton, npu-ascendc."""
+    shapes: list[KernelShape] = Field(default_factory=list)
+    """Shapes to tune; kernels without an entry use the suite's default shapes."""
+    dtypes: list[DType] = Field(default_factory=lambda: list(DEFAULT_DTYPES), min_length=1)
+    """Data types."""
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    """Search budget."""
+    threads: int = Field(default=0, ge=0, le=1024)
+    """Threads for CPU kernels and the baselines (0 = all cores)."""
+    skills_path: str | None = None
+    """Skill library (JSONL) to read and extend; unset = <output>/skills.jsonl."""
+    soc: Literal["ascend910b", "ascend910c", "ascend310p"] = "ascend910b"
+    """npu-ascendc: SoC whose Unified Buffer sizes constrain tiling."""
+    llm: LLMConfig | None = None
+    """Optional LLM hypothesis generator (the default search needs none)."""
+    seed: int = Field(default=0, ge=0)
+    """Seed for inputs and search tie-breaks."""
+    output: str = "kernels-out"
+    """Output directory (registry, report, search state)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> KernelTuneConfig:
+        if self.suite == "none" and not self.kernels:
+            raise ValueError("kernels: must name at least one kernel when suite is 'none'")
+        return self

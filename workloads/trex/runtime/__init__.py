@@ -1,0 +1,1 @@
+"""Device selection, distributed backend map, pod env contract, copy engine. Imports nothing above it."""

@@ -1,0 +1,1 @@
+"""Telemetry shared by every workload: metric names, Prometheus exporter, progress, logs, summaries."""

@@ -1,0 +1,96 @@
+"""The one list of metric names every workload and the operator export (prefix ``trex_``).
+
+Pure data: importing this module imports no client library. Dashboards, alerts and the operator's
+progress scraper all refer to these names; a test checks that every PromQL expression shipped
+with the chart names only metrics defined here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["gauge", "counter", "histogram"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Name, type, help text and label names of one metric."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+_JOB = ("job_name",)
+
+METRICS: tuple[MetricSpec, ...] = (
+    # --- trainer -------------------------------------------------------------------------
+    MetricSpec("trex_train_step", "gauge", "Last completed optimizer step.", _JOB),
+    MetricSpec("trex_train_max_steps", "gauge", "Configured number of optimizer steps.", _JOB),
+    MetricSpec("trex_train_loss", "gauge", "Training loss of the last step (main LM loss).", _JOB),
+    MetricSpec("trex_train_grad_norm", "gauge", "Global gradient norm before clipping.", _JOB),
+    MetricSpec("trex_train_lr", "gauge", "Learning rate of the last step (peak-relative schedule applied).", _JOB),
+    MetricSpec("trex_train_tokens_per_second", "gauge", "Training tokens per second (this rank).", _JOB),
+    MetricSpec("trex_train_step_seconds", "gauge", "Wall time of the last optimizer step.", _JOB),
+    MetricSpec(
+        "trex_train_mfu", "gauge",
+        "Model FLOPs utilisation: achieved FLOP/s over trex_train_peak_flops, FLOPs convention in the label.",
+        ("job_name", "device", "flops_convention"),
+    ),
+    MetricSpec("trex_train_peak_flops", "gauge", "Peak FLOP/s the MFU is computed against.", ("job_name", "device", "source")),
+    MetricSpec("trex_train_flops_per_token", "gauge", "Model FLOPs per token used for MFU.", ("job_name", "flops_convention")),
+    MetricSpec("trex_train_expert_load_cv", "gauge", "Coefficient of variation of routed-expert load.", _JOB),
+    MetricSpec("trex_train_skipped_steps_total", "counter", "Steps skipped by the NaN/Inf guard.", _JOB),
+    MetricSpec("trex_train_spikes_total", "counter", "Loss spikes detected.", _JOB),
+    MetricSpec("trex_train_anticipatory_routing", "gauge", "1 while anticipatory routing is on.", _JOB),
+    MetricSpec("trex_train_last_checkpoint_step", "gauge", "Step of the last verified checkpoint.", _JOB),
+    MetricSpec("trex_train_last_checkpoint_timestamp_seconds", "gauge", "Unix time of the last verified checkpoint.", _JOB),
+    # --- kernels -------------------------------------------------------------------------
+    MetricSpec("trex_kernel_speedup", "gauge", "Verified speedup of the best variant over the baseline.",
+               ("kernel", "shape", "dtype", "device", "baseline")),
+    MetricSpec("trex_kernel_roofline_fraction", "gauge", "Best variant's fraction of the roofline bound.",
+               ("kernel", "shape", "dtype", "device")),
+    MetricSpec("trex_kernel_trials_total", "counter", "Candidates tried, by outcome.", ("kernel", "outcome")),
+    MetricSpec("trex_kernel_best_seconds", "gauge", "Median time of the best verified variant.",
+               ("kernel", "shape", "dtype", "device")),
+    # --- ordata --------------------------------------------------------------------------
+    MetricSpec("trex_ordata_samples_total", "counter", "Instances by pipeline outcome (accepted or a rejection reason).",
+               ("family", "outcome")),
+    MetricSpec("trex_ordata_stage_seconds_total", "counter", "Time spent per pipeline stage.", ("stage",)),
+    MetricSpec("trex_ordata_shards_done", "gauge", "Shards finished in this process.", ()),
+    MetricSpec("trex_ordata_progress_ratio", "gauge", "Fraction of this shard's instances processed.", ()),
+    # --- evaluation ----------------------------------------------------------------------
+    MetricSpec("trex_eval_pass_at_k", "gauge", "Unbiased pass@k per benchmark.", ("benchmark", "k", "protocol")),
+    MetricSpec("trex_eval_samples_total", "counter", "Scored samples by verdict category.", ("benchmark", "category")),
+    MetricSpec("trex_eval_structural_accuracy", "gauge", "ORGEval structural equivalence rate.", ("benchmark",)),
+    MetricSpec("trex_eval_progress_ratio", "gauge", "Fraction of samples scored.", ("benchmark",)),
+    MetricSpec("trex_eval_tokens_total", "counter", "Model tokens used.", ("benchmark", "direction")),
+    # --- operator ------------------------------------------------------------------------
+    MetricSpec("trex_operator_reconciles_total", "counter", "Reconciliations by kind and result.", ("kind", "result")),
+    MetricSpec("trex_operator_reconcile_seconds", "histogram", "Reconciliation latency.", ("kind",)),
+    MetricSpec("trex_operator_jobs", "gauge", "Jobs by kind and phase.", ("kind", "phase")),
+    MetricSpec("trex_operator_restarts_total", "counter", "Gang restarts by cause.", ("kind", "cause")),
+)
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+
+
+def spec(name: str) -> MetricSpec:
+    """Look a metric up by name; unknown names are a programming error."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"metric {name!r} is not defined in trex.telemetry.metrics") from None
+
+
+def exposed_names() -> set[str]:
+    """Every series name Prometheus will see (counters gain _total, histograms _bucket/_sum/_count)."""
+    out: set[str] = set()
+    for m in METRICS:
+        if m.kind == "histogram":
+            out |= {m.name + s for s in ("_bucket", "_sum", "_count")}
+        else:
+            out.add(m.name)
+    return out

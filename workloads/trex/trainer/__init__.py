@@ -1,0 +1,1 @@
+"""The parallel MoE trainer (pretrain / CPT / SFT / on-policy distillation)."""

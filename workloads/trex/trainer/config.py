@@ -1,0 +1,395 @@
+"""TrainerConfig: everything one training run needs; the same section is `spec.trainer` of a TrainJob."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trex.config_base import TrexModel
+
+Preset = Literal["tiny", "small-cpu", "small-gpu", "v4-flash", "v4-pro"]
+PRESETS: tuple[str, ...] = ("tiny", "small-cpu", "small-gpu", "v4-flash", "v4-pro")
+
+
+class ModelOverrides(TrexModel):
+    """Fields that replace the preset's values; unset fields keep the preset's."""
+
+    vocab_size: int | None = Field(default=None, gt=0, le=1_048_576)
+    """Vocabulary size (tokens)."""
+    hidden_size: int | None = Field(default=None, gt=0, le=65_536)
+    """Model width d_model."""
+    num_layers: int | None = Field(default=None, gt=0, le=512)
+    """Number of transformer blocks."""
+    num_heads: int | None = Field(default=None, gt=0, le=1024)
+    """Attention heads."""
+    attention: Literal["mla", "csa"] | None = None
+    """Attention kind: `mla` (DeepSeek-V3 multi-head latent) or `csa` (V4 compressed sparse + sliding window)."""
+    q_lora_rank: int | None = Field(default=None, ge=0)
+    """Query low-rank dimension (0 = no query compression)."""
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    """Compressed KV latent dimension."""
+    qk_nope_head_dim: int | None = Field(default=None, gt=0)
+    """Per-head query/key dimension without rotary embedding."""
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    """Per-head query/key dimension carrying rotary embedding."""
+    v_head_dim: int | None = Field(default=None, gt=0)
+    """Per-head value dimension."""
+    csa_compress_every: int | None = Field(default=None, gt=0)
+    """csa: one compressed KV entry every m tokens."""
+    csa_top_k: int | None = Field(default=None, gt=0)
+    """csa: compressed entries the lightning indexer selects per query."""
+    csa_window: int | None = Field(default=None, gt=0)
+    """csa: sliding-window length (tokens)."""
+    csa_indexer_heads: int | None = Field(default=None, gt=0, le=1024)
+    """csa: heads of the lightning indexer that scores compressed entries."""
+    csa_indexer_dim: int | None = Field(default=None, gt=0, le=4096)
+    """csa: per-head dimension of the lightning indexer."""
+    intermediate_size: int | None = Field(default=None, gt=0)
+    """Dense FFN hidden size (first dense layers)."""
+    moe_intermediate_size: int | None = Field(default=None, gt=0)
+    """Hidden size of one routed expert."""
+    n_dense_layers: int | None = Field(default=None, ge=0)
+    """Leading layers with a dense FFN instead of MoE."""
+    n_routed_experts: int | None = Field(default=None, gt=0, le=4096)
+    """Routed experts per MoE layer."""
+    n_shared_experts: int | None = Field(default=None, ge=0, le=16)
+    """Shared experts per MoE layer."""
+    experts_per_token: int | None = Field(default=None, gt=0, le=64)
+    """Routed experts each token is sent to (top-k)."""
+    scoring: Literal["sigmoid", "sqrt-softplus"] | None = None
+    """Router scoring function: sigmoid (V3) or sqrt-softplus (V4)."""
+    n_groups: int | None = Field(default=None, gt=0)
+    """Expert groups for group-limited routing (1 = off)."""
+    topk_groups: int | None = Field(default=None, gt=0)
+    """Groups a token may route into when group-limited routing is on."""
+    routed_scaling_factor: float | None = Field(default=None, gt=0)
+    """Scale applied to the renormalised routing weights."""
+    n_hash_layers: int | None = Field(default=None, ge=0)
+    """Leading MoE layers routed by a fixed token-id hash table (V4)."""
+    swiglu_limit: float | None = Field(default=None, ge=0)
+    """SwiGLU clamp in routed experts (0 = off)."""
+    hc_mult: int | None = Field(default=None, gt=0, le=16)
+    """mHC residual streams (1 = plain residual)."""
+    sinkhorn_iters: int | None = Field(default=None, gt=0, le=100)
+    """Sinkhorn iterations normalising the mHC mixing matrix."""
+    mtp_depth: int | None = Field(default=None, ge=0, le=8)
+    """Multi-token-prediction heads."""
+    max_seq_len: int | None = Field(default=None, gt=0)
+    """Longest sequence the rotary tables are built for (tokens)."""
+    rope_theta: float | None = Field(default=None, gt=0)
+    """Rotary base frequency."""
+
+
+class ModelConfig(TrexModel):
+    """Model shape: a named preset plus overrides."""
+
+    preset: Preset = "tiny"
+    """Preset: tiny (CPU tests), small-cpu (benchmarks), small-gpu (~1B), v4-flash, v4-pro (published shapes)."""
+    overrides: ModelOverrides = Field(default_factory=ModelOverrides)
+    """Per-field overrides of the preset."""
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """Parameter and compute dtype (bf16 on accelerators, fp32 on CPU)."""
+
+
+class ParallelismConfig(TrexModel):
+    """Parallel degrees. Attention mesh: dp x tp x pp; MoE mesh (folded): edp x ep x etp x pp, same world."""
+
+    dp: int | None = Field(default=None, gt=0, le=65_536)
+    """Data-parallel degree; unset = world / (tp x pp)."""
+    tp: int = Field(default=1, gt=0, le=64)
+    """Tensor-parallel degree of attention and dense layers."""
+    pp: int = Field(default=1, gt=0, le=128)
+    """Pipeline-parallel stages."""
+    ep: int = Field(default=1, gt=0, le=4096)
+    """Expert-parallel degree; must divide the routed expert count."""
+    etp: int = Field(default=1, gt=0, le=64)
+    """Expert-tensor-parallel degree (splits each expert's hidden size)."""
+
+
+class NewtonSchulzStage(TrexModel):
+    """A run of Newton-Schulz iterations with one quintic coefficient triple."""
+
+    steps: int = Field(gt=0, le=50)
+    """Iterations in this stage."""
+    coefficients: list[float] = Field(min_length=3, max_length=3)
+    """(a, b, c) of X <- aX + b(XX^T)X + c(XX^T)^2 X."""
+
+
+def _default_ns() -> list[NewtonSchulzStage]:
+    return [
+        NewtonSchulzStage(steps=8, coefficients=[3.4445, -4.7750, 2.0315]),
+        NewtonSchulzStage(steps=2, coefficients=[2.0, -1.5, 0.5]),
+    ]
+
+
+class MuonConfig(TrexModel):
+    """Muon for every 2-D GEMM weight (stacked experts orthogonalised per expert)."""
+
+    lr: float = Field(default=2e-2, gt=0, le=10)
+    """Peak learning rate."""
+    momentum: float = Field(default=0.95, ge=0, lt=1)
+    """Momentum coefficient."""
+    nesterov: bool = True
+    """Nesterov momentum."""
+    newton_schulz: list[NewtonSchulzStage] = Field(default_factory=_default_ns, min_length=1)
+    """Hybrid Newton-Schulz schedule; default 8 x (3.4445, -4.7750, 2.0315) then 2 x (2, -1.5, 0.5)."""
+    update_rms: float = Field(default=0.18, gt=0)
+    """Target update RMS: the orthogonalised update is scaled by sqrt(max(n, m)) x update_rms."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    """Decoupled weight decay."""
+
+
+class AdamWConfig(TrexModel):
+    """AdamW for embeddings, output head, norm weights and mHC static biases."""
+
+    lr: float = Field(default=2e-3, gt=0, le=10)
+    """Peak learning rate."""
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2)
+    """(beta1, beta2)."""
+    eps: float = Field(default=1e-20, gt=0)
+    """Denominator epsilon."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    """Decoupled weight decay."""
+
+
+class ScheduleConfig(TrexModel):
+    """One LR schedule for both optimizers: linear warmup, constant, cosine decay to min_lr_ratio."""
+
+    warmup_steps: int = Field(default=10, ge=0)
+    """Linear warmup steps."""
+    constant_steps: int = Field(default=0, ge=0)
+    """Steps at the peak after warmup."""
+    decay: Literal["cosine", "none"] = "cosine"
+    """Decay shape after the constant phase."""
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    """Final LR as a fraction of the peak (10 % by default)."""
+
+
+class BatchRampStep(TrexModel):
+    """From `step` on, use `globalBatchSize` sequences per step."""
+
+    step: int = Field(ge=0)
+    """First step with this batch size."""
+    global_batch_size: int = Field(gt=0)
+    """Sequences per optimizer step."""
+
+
+class SwapConfig(TrexModel):
+    """Double-buffered swap optimizer: optimizer states live in host memory, streamed per bucket."""
+
+    enabled: bool = False
+    """Keep optimizer states off-device and stream them in and out."""
+    buffers: int = Field(default=2, ge=2, le=4)
+    """Device buffers used for overlap (2 = double buffering)."""
+    bucket_mb: int = Field(default=256, gt=0, le=65_536)
+    """Bucket size (MiB) per transfer."""
+
+
+class OptimizerConfig(TrexModel):
+    """Muon + AdamW, their shared schedule, batch ramp, clipping and swap."""
+
+    muon: MuonConfig = Field(default_factory=MuonConfig)
+    """Muon settings."""
+    adamw: AdamWConfig = Field(default_factory=AdamWConfig)
+    """AdamW settings."""
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    """Learning-rate schedule."""
+    batch_ramp: list[BatchRampStep] = Field(default_factory=list)
+    """Global batch size ramp (empty = constant data.globalBatchSize)."""
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Global gradient-norm clip (0 = off)."""
+    swap: SwapConfig = Field(default_factory=SwapConfig)
+    """Swap optimizer."""
+
+
+class RoutingConfig(TrexModel):
+    """Expert balancing and routing stability."""
+
+    bias_update_speed: float = Field(default=1e-3, ge=0)
+    """Aux-loss-free bias update speed (sign rule)."""
+    sequence_balance_weight: float = Field(default=1e-4, ge=0)
+    """Weight of the sequence-level balance loss."""
+    mtp_loss_weight: float = Field(default=0.3, ge=0)
+    """MTP loss weight until mtpWeightDropStep."""
+    mtp_loss_weight_late: float = Field(default=0.1, ge=0)
+    """MTP loss weight from mtpWeightDropStep on."""
+    mtp_weight_drop_step: int = Field(default=1_000_000, ge=0)
+    """Step at which the MTP weight drops."""
+
+
+class SpikeConfig(TrexModel):
+    """Loss-spike detector (trend + z-score) that turns on anticipatory routing."""
+
+    enabled: bool = True
+    """Detect spikes and react."""
+    warmup_steps: int = Field(default=50, ge=0)
+    """Steps observed before spikes can fire."""
+    window: int = Field(default=50, gt=1)
+    """Steps in the trend/z-score window."""
+    z_threshold: float = Field(default=4.0, gt=0)
+    """z-score above the trend that counts as a spike."""
+    cooldown_steps: int = Field(default=20, ge=0)
+    """Steps after a spike before another can fire."""
+    anticipatory_delta: int = Field(default=2, gt=0)
+    """Anticipatory routing uses router parameters from this many steps earlier (Δt)."""
+    anticipatory_window: int = Field(default=50, gt=0)
+    """Steps anticipatory routing stays on after a spike."""
+
+
+class TokenizerConfig(TrexModel):
+    """Load a tokenizer.json or train a byte-level BPE on the training corpus."""
+
+    path: str | None = None
+    """Path to a tokenizer.json; unset = train a byte-level BPE on data.train."""
+    vocab_size: int = Field(default=4096, gt=256, le=1_048_576)
+    """Vocabulary size when training a BPE."""
+
+
+class SeqLenStep(TrexModel):
+    """From `step` on, pack sequences of `seqLen` tokens."""
+
+    step: int = Field(ge=0)
+    """First step with this length."""
+    seq_len: int = Field(gt=0, le=1_048_576)
+    """Sequence length (tokens)."""
+
+
+class DataConfig(TrexModel):
+    """Training data: JSONL text (pretrain/CPT) or JSONL chat (SFT), packed into fixed-length sequences."""
+
+    train: str | None = None
+    """JSONL file or directory of JSONL shards; unset = the built-in demo corpus."""
+    format: Literal["text", "chat", "auto"] = "auto"
+    """Record format: {"text": ...} or {"messages": [...]} (auto = detect)."""
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    """Tokenizer."""
+    seq_len: int = Field(default=128, gt=0, le=1_048_576)
+    """Packed sequence length (tokens)."""
+    seq_len_curriculum: list[SeqLenStep] = Field(default_factory=list)
+    """Sequence-length curriculum (empty = constant seqLen)."""
+    micro_batch_size: int = Field(default=4, gt=0, le=65_536)
+    """Sequences per forward/backward on one rank."""
+    global_batch_size: int = Field(default=4, gt=0, le=16_777_216)
+    """Sequences per optimizer step over all data-parallel ranks."""
+    seed: int = Field(default=1234, ge=0)
+    """Shuffle seed."""
+
+
+class CheckpointConfig(TrexModel):
+    """Sharded, atomic, resumable checkpoints."""
+
+    dir: str = "checkpoints"
+    """Checkpoint root directory."""
+    interval_steps: int = Field(default=100, gt=0)
+    """Save every N steps (and at the end)."""
+    keep_last: int = Field(default=3, gt=0, le=1000)
+    """Checkpoints kept."""
+    resume: bool = True
+    """Resume from the latest verified checkpoint when one exists."""
+    init_from_hf: str | None = None
+    """Directory of Hugging Face safetensors (DeepSeek-V3 layout) to initialise from."""
+
+
+class LoggingConfig(TrexModel):
+    """Progress output and metrics."""
+
+    interval_steps: int = Field(default=10, gt=0)
+    """Log a line every N steps (non-TTY)."""
+    jsonl: str | None = None
+    """JSONL metrics log path (unset = <checkpoint.dir>/metrics.jsonl)."""
+    metrics_port: int = Field(default=0, ge=0, le=65_535)
+    """Prometheus port (0 = TREX_METRICS_PORT or off)."""
+
+
+class TrainerConfig(TrexModel):
+    """One training run."""
+
+    mode: Literal["pretrain", "cpt", "sft", "opd"] = "pretrain"
+    """pretrain, continued pretraining, supervised fine-tuning, or on-policy distillation."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Model shape."""
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    """Parallel degrees."""
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """Optimizers and schedule."""
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    """Expert balancing and MTP weights."""
+    stability: SpikeConfig = Field(default_factory=SpikeConfig)
+    """Spike detection and anticipatory routing."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Training data."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Checkpoints."""
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Logging and metrics."""
+    max_steps: int = Field(default=100, gt=0, le=100_000_000)
+    """Optimizer steps to run."""
+    seed: int = Field(default=0, ge=0)
+    """Model initialisation and dropout seed."""
+    device: Literal["auto", "npu", "cuda", "cpu"] = "auto"
+    """Device: auto picks npu > cuda > cpu."""
+    deterministic: bool = False
+    """Deterministic kernels (slower; bit-identical resume on CPU)."""
+    teacher_url: str | None = None
+    """opd: OpenAI-compatible endpoint of the teacher model."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.mode == "opd" and not self.teacher_url:
+            raise ValueError("teacherUrl: required when mode is 'opd' (on-policy distillation needs a teacher)")
+        if self.data.global_batch_size % self.data.micro_batch_size:
+            raise ValueError(
+                f"data.globalBatchSize: {self.data.global_batch_size} must be a multiple of "
+                f"data.microBatchSize ({self.data.micro_batch_size})"
+            )
+        return self
+
+
+def resolved_model_values(cfg: ModelConfig) -> dict[str, object]:
+    """The model's effective shape: preset values with overrides applied."""
+    from trex.trainer.presets import resolve_model_values
+
+    return resolve_model_values(cfg.preset, cfg.overrides.model_dump())
+
+
+def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
+    """Check the parallel degrees against the world size and model shape (MoE parallel folding).
+
+    Rules: pp divides world; tp x pp divides world and dp = world / (tp x pp) when dp is unset;
+    ep x etp x pp divides world (the MoE mesh is folded onto the same ranks as attention, so
+    edp = world / (ep x etp x pp)); ep divides the routed expert count; etp divides the expert
+    hidden size; tp divides the head count; pp does not exceed the layer count.
+    Returns (field path, message) pairs; empty means valid.
+    """
+    p = cfg.parallelism
+    m = resolved_model_values(cfg.model)
+    out: list[tuple[str, str]] = []
+    base = "parallelism"
+    if world_size % p.pp:
+        out.append((f"{base}.pp", f"pp={p.pp} does not divide the world size {world_size}"))
+    if world_size % (p.tp * p.pp):
+        out.append((f"{base}.tp", f"tp x pp = {p.tp * p.pp} does not divide the world size {world_size}"))
+    elif p.dp is not None and p.dp * p.tp * p.pp != world_size:
+        out.append(
+            (f"{base}.dp", f"dp x tp x pp = {p.dp * p.tp * p.pp} must equal the world size {world_size} "
+             f"(replicas x devicesPerReplica); allowed dp: {world_size // (p.tp * p.pp)} or unset")
+        )
+    if world_size % (p.ep * p.etp * p.pp):
+        out.append(
+            (f"{base}.ep", f"ep x etp x pp = {p.ep * p.etp * p.pp} does not divide the world size {world_size} "
+             "(MoE parallel folding needs edp = world / (ep x etp x pp) to be whole)")
+        )
+    n_exp = int(str(m["n_routed_experts"]))
+    if n_exp % p.ep:
+        out.append((f"{base}.ep", f"ep={p.ep} does not divide the routed expert count {n_exp}"))
+    moe_h = int(str(m["moe_intermediate_size"]))
+    if moe_h % p.etp:
+        out.append((f"{base}.etp", f"etp={p.etp} does not divide the expert hidden size {moe_h}"))
+    heads = int(str(m["num_heads"]))
+    if heads % p.tp:
+        out.append((f"{base}.tp", f"tp={p.tp} does not divide the attention head count {heads}"))
+    layers = int(str(m["num_layers"]))
+    if p.pp > layers:
+        out.append((f"{base}.pp", f"pp={p.pp} exceeds the layer count {layers}"))
+    return out
