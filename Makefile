@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trex-installed
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint typecheck unit crds bench clean images
+.PHONY: all demo test lint typecheck unit crds bench clean images prometheus
 
 all: test
 
@@ -19,10 +19,17 @@ $(STAMP): pyproject.toml scripts/install_binaries.py
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check workloads operator tests benchmarks scripts
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
+# The monitoring end-to-end test runs a real Prometheus (Debian package) on 127.0.0.1.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing prometheus (Debian package) for the monitoring tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
+	  || echo "WARNING: could not install prometheus; the monitoring end-to-end test will be skipped"; }
+
+unit: $(STAMP) prometheus
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --timeout 900 $(PYTEST_ARGS)
 
 test: lint unit
