@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kernels": ("trex.kernels.cli", "AuraKernel: tune kernels (`tune`) and report (`report`)."),
     "ordata": ("trex.ordata.cli", "OR data pipeline: `generate`, `merge`, `show`."),
     "eval": ("trex.evaluation.cli", "Evaluate a model on OR benchmarks; `eval report DIR`."),
-    "demo": ("trex.demo", "Run the local end-to-end demo."),
+    "demo": ("trex_operator.demo", "Run the local end-to-end demo."),
 }
 
 
