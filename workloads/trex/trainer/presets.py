@@ -29,7 +29,7 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
         vocab_size=32768, hidden_size=1024, num_layers=12, num_heads=16, attention="mla",
         q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
         csa_compress_every=4, csa_top_k=256, csa_window=128, csa_indexer_heads=8, csa_indexer_dim=64,
-        intermediate_size=4096, moe_intermediate_size=512, n_dense_layers=1, n_routed_experts=32,
+        intermediate_size=4096, moe_intermediate_size=512, n_dense_layers=1, n_routed_experts=48,
         n_shared_experts=1, experts_per_token=4, scoring="sigmoid", n_groups=1, topk_groups=1,
         routed_scaling_factor=2.5, n_hash_layers=0, swiglu_limit=10.0, hc_mult=1, sinkhorn_iters=20,
         mtp_depth=1, max_seq_len=8192, rope_theta=10000.0,

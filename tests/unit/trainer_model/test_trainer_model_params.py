@@ -1,0 +1,133 @@
+"""param_roles coverage, meta-device presets vs the closed-form counts in trex.trainer.mfu, FLOPs by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from trex.trainer.config import ModelConfig, ModelOverrides
+from trex.trainer.mfu import (
+    FLOPS_CONVENTION,
+    device_peak,
+    flops_per_token,
+    measure_cpu_peak_flops,
+    memory_per_device,
+    mfu,
+    param_breakdown,
+)
+from trex.trainer.model import ModelArgs, build_model
+from trex.trainer.presets import resolve_model_values
+
+VARIANTS = [
+    ("tiny", {}),
+    ("tiny", {"attention": "csa", "hc_mult": 4, "n_hash_layers": 1, "q_lora_rank": 16, "n_dense_layers": 1}),
+    ("small-cpu", {}),
+]
+
+
+@pytest.mark.parametrize(("preset", "ov"), VARIANTS)
+def test_param_roles_cover_every_parameter_once(preset: Any, ov: dict[str, Any]) -> None:
+    model = build_model(ModelConfig(preset=preset, overrides=ModelOverrides(**ov)), device="meta")
+    roles = model.param_roles()
+    names = [n for n, _ in model.named_parameters()]
+    assert len(names) == len(set(names)) == len(roles)
+    assert set(roles) == set(names)
+    params = dict(model.named_parameters())
+    assert roles["embed_tokens.weight"] == "adamw"
+    assert roles["lm_head.weight"] == "adamw"
+    assert roles["norm.weight"] == "adamw"
+    for name, role in roles.items():
+        p = params[name]
+        if p.dim() == 1:
+            assert role == "adamw", name
+        if name.endswith(("experts.gate_proj", "experts.up_proj", "experts.down_proj")):
+            assert p.dim() == 3 and role == "muon", name
+        if name.endswith(("b_res", "b_pre", "b_post", "alpha", "layernorm.weight")):
+            assert role == "adamw", name
+        if name.endswith(("self_attn.o_proj.weight", "mlp.gate.weight", "hc_attn.phi.weight")):
+            assert role == "muon", name
+    assert not any("e_score_correction_bias" in n for n in roles)
+    if ov.get("hc_mult"):
+        assert roles["layers.0.hc_attn.b_res"] == "adamw" and params["layers.0.hc_attn.b_res"].dim() == 2
+
+
+@pytest.mark.parametrize("preset", ["v4-flash", "v4-pro", "small-gpu"])
+def test_meta_device_presets_match_closed_form_counts(preset: Any) -> None:
+    model = build_model(ModelConfig(preset=preset), device="meta", dtype=torch.bfloat16)
+    assert all(p.is_meta for p in model.parameters())
+    numel = sum(p.numel() for p in model.parameters())
+    assert numel == param_breakdown(resolve_model_values(preset, {})).total
+    expected = {"v4-flash": (284e9, 13e9), "v4-pro": (1.6e12, 49e9), "small-gpu": (1.0e9, 0.21e9)}[preset]
+    b = param_breakdown(resolve_model_values(preset, {}))
+    # published DeepSeek-V4 totals / activated parameters, within 10 %
+    assert b.total == pytest.approx(expected[0], rel=0.1)
+    assert b.active == pytest.approx(expected[1], rel=0.1)
+
+
+def test_active_params_count_topk_experts_only() -> None:
+    model = build_model(ModelConfig(), device="meta")
+    a = ModelArgs.from_config(ModelConfig())
+    total = sum(p.numel() for p in model.parameters())
+    expert_each = 3 * a.moe_intermediate_size * a.hidden_size
+    inactive = a.n_moe_layers * (a.n_routed_experts - a.experts_per_token) * expert_each
+    assert param_breakdown(resolve_model_values("tiny", {})).active == total - inactive
+
+
+def test_flops_per_token_tiny_by_hand() -> None:
+    v = resolve_model_values("tiny", {})
+    # tiny: D=64, V=512, L=2 (+1 MTP), H=4, q_lora 0, kv_lora 32, nope 16, rope 8, v 16, E=8, k=2,
+    # moe_inter 32, 1 shared expert, no dense layers
+    d, vocab, h = 64, 512, 4
+    attn = d * h * 24 + d * (32 + 8) + 32 + 32 * h * (16 + 16) + h * 16 * d
+    moe_active = 8 * d + 3 * d * 32 * 1 + 2 * 3 * 32 * d
+    block = attn + 2 * d + moe_active
+    mtp_extra = 2 * d + 2 * d * d + d
+    n_active_non_emb = 3 * block + mtp_extra + d + vocab * d
+    t = 128
+    expected = 6 * n_active_non_emb + 6 * 3 * h * (24 + 16) * (t / 2)
+    assert flops_per_token(v, t) == pytest.approx(expected, rel=1e-12)
+    csa = resolve_model_values("tiny", {"attention": "csa"})
+    keys = min(16, t) + min(8, t / 4)
+    attn_csa = attn + 24 + 32 + 4 + 32 + d * 2 * 16 + d * 2 + 32 * 16
+    n_csa = 3 * (attn_csa + 2 * d + moe_active) + mtp_extra + d + vocab * d
+    exp_csa = 6 * n_csa + 6 * 3 * h * 40 * keys + 6 * 3 * 2 * 16 * t / 8
+    assert flops_per_token(csa, t) == pytest.approx(exp_csa, rel=1e-12)
+
+
+def test_peak_catalog_mfu_and_memory() -> None:
+    assert device_peak("H100") == 989e12 == device_peak("h200")
+    assert device_peak("910c") == 376e12
+    assert device_peak("910b", override=300e12) == 300e12
+    with pytest.raises(ValueError, match="unknown device"):
+        device_peak("tpu9")
+    assert mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
+    assert measure_cpu_peak_flops(seconds=0.02, n=64) > 0
+    assert "6N" in FLOPS_CONVENTION
+    v = resolve_model_values("v4-pro", {})
+    one = memory_per_device(v)
+    split = memory_per_device(v, dp=8, ep=8)
+    b = param_breakdown(v)
+    assert one.params == pytest.approx(2 * b.total)
+    assert split.params == pytest.approx(2 * (b.experts / 8 + b.dense))
+    with pytest.raises(ValueError, match="ep must be positive"):
+        memory_per_device(v, ep=0)
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"experts_per_token": 9}, "experts_per_token"),
+    ({"n_groups": 3}, "n_groups"),
+    ({"n_groups": 4, "topk_groups": 5}, "topk_groups"),
+    ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
+    ({"n_hash_layers": 3}, "n_hash_layers"),
+])
+def test_model_args_reject_bad_shapes_naming_the_field(kw: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        ModelArgs(**kw)
+
+
+def test_model_args_from_config_applies_overrides() -> None:
+    a = ModelArgs.from_config(ModelConfig(preset="v4-pro", overrides=ModelOverrides(num_layers=4, hc_mult=2)))
+    assert (a.num_layers, a.hc_mult, a.hidden_size, a.attention) == (4, 2, 7168, "csa")
+    with pytest.raises(ValueError, match="unknown model field"):
+        ModelArgs.from_values({"hidden_size": 8, "bogus": 1})

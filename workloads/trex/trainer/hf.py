@@ -1,0 +1,312 @@
+"""Hugging Face safetensors import/export for the DeepSeek-V3 configuration (`mla` + sigmoid routing).
+
+On disk the layout is the one `DeepseekV3ForCausalLM` checkpoints use: `model.layers.N.self_attn.*`,
+`model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (one tensor per expert),
+`model.layers.N.mlp.gate.{weight,e_score_correction_bias}`, `model.layers.N.mlp.shared_experts.*`,
+`model.norm.weight`, `lm_head.weight`. MTP modules are stored as extra layers `model.layers.{L+k}.*`
+with DeepSeek-V3's names (enorm, hnorm, eh_proj, shared_head.norm); transformers ignores them.
+Loading also accepts the stacked expert layout (`mlp.experts.gate_up_proj` [E, 2I, D], `down_proj`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from trex.trainer.model.args import ModelArgs
+    from trex.trainer.model.model import DeepSeekModel
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def check_hf_compatible(args: ModelArgs) -> None:
+    """Raise ValueError naming the first field the DeepSeek-V3 HF format cannot represent."""
+    if args.attention != "mla":
+        raise ValueError(f"attention={args.attention!r}: the DeepSeek-V3 HF format needs 'mla'")
+    if args.scoring != "sigmoid":
+        raise ValueError(f"scoring={args.scoring!r}: the DeepSeek-V3 HF format needs 'sigmoid'")
+    if args.hc_mult != 1:
+        raise ValueError(f"hc_mult={args.hc_mult}: the DeepSeek-V3 HF format has a plain residual (hc_mult 1)")
+    if args.n_hash_layers:
+        raise ValueError(f"n_hash_layers={args.n_hash_layers}: the DeepSeek-V3 HF format has no hash routing")
+    if args.n_shared_experts < 1:
+        raise ValueError("n_shared_experts=0: the DeepSeek-V3 HF format always has shared experts")
+
+
+def hf_config_from_args(args: ModelArgs, dtype: str = "float32") -> dict[str, Any]:
+    """config.json of a `DeepseekV3ForCausalLM` with our shape. `swiglu_limit` is carried as an
+    extra key (transformers ignores it; a non-zero value clamps experts in our model only)."""
+    check_hf_compatible(args)
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": args.vocab_size,
+        "hidden_size": args.hidden_size,
+        "intermediate_size": args.intermediate_size,
+        "moe_intermediate_size": args.moe_intermediate_size,
+        "num_hidden_layers": args.num_layers,
+        "num_attention_heads": args.num_heads,
+        "num_key_value_heads": args.num_heads,
+        "n_shared_experts": args.n_shared_experts,
+        "n_routed_experts": args.n_routed_experts,
+        "num_experts_per_tok": args.experts_per_token,
+        "routed_scaling_factor": args.routed_scaling_factor,
+        "n_group": args.n_groups,
+        "topk_group": args.topk_groups,
+        "norm_topk_prob": True,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "first_k_dense_replace": args.n_dense_layers,
+        "kv_lora_rank": args.kv_lora_rank,
+        "q_lora_rank": args.q_lora_rank if args.q_lora_rank > 0 else None,
+        "qk_nope_head_dim": args.qk_nope_head_dim,
+        "qk_rope_head_dim": args.qk_rope_head_dim,
+        "v_head_dim": args.v_head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
+        "rope_interleave": True,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "num_nextn_predict_layers": args.mtp_depth,
+        "initializer_range": args.init_std,
+        "torch_dtype": dtype,
+        "swiglu_limit": args.swiglu_limit,
+    }
+
+
+def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
+    """ModelArgs of a DeepSeek-V3 config.json (sigmoid routing, mla, plain residual)."""
+    from trex.trainer.model.args import ModelArgs
+
+    if cfg.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ValueError(f"config.json scoring_func={cfg.get('scoring_func')!r}: only 'sigmoid' is supported")
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
+        raise ValueError("config.json: rope scaling (yarn) is not supported; only rope_type 'default'")
+    try:
+        return ModelArgs(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=int(cfg["num_attention_heads"]),
+            attention="mla",
+            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+            kv_lora_rank=int(cfg["kv_lora_rank"]),
+            qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
+            qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+            v_head_dim=int(cfg["v_head_dim"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+            n_dense_layers=int(cfg.get("first_k_dense_replace", 0)),
+            n_routed_experts=int(cfg["n_routed_experts"]),
+            n_shared_experts=int(cfg.get("n_shared_experts", 1)),
+            experts_per_token=int(cfg["num_experts_per_tok"]),
+            scoring="sigmoid",
+            n_groups=int(cfg.get("n_group", 1)),
+            topk_groups=int(cfg.get("topk_group", 1)),
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+            n_hash_layers=0,
+            swiglu_limit=float(cfg.get("swiglu_limit", 0.0)),
+            hc_mult=1,
+            mtp_depth=int(cfg.get("num_nextn_predict_layers", 0)),
+            max_seq_len=int(cfg.get("max_position_embeddings", 4096)),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        )
+    except KeyError as exc:
+        raise ValueError(f"config.json lacks the field {exc.args[0]!r}") from exc
+
+
+_MTP_RENAME = {"hnorm": "hnorm", "enorm": "enorm", "eh_proj": "eh_proj", "norm": "shared_head.norm"}
+
+
+def to_hf_state_dict(model: DeepSeekModel) -> dict[str, torch.Tensor]:
+    """Our state dict under DeepSeek-V3 HF names, experts unstacked (views, no copies)."""
+    check_hf_compatible(model.args)
+    n_layers = model.args.num_layers
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight":
+            out[name] = t
+            continue
+        m = re.match(r"mtp\.(\d+)\.(.*)$", name)
+        if m:
+            layer = n_layers + int(m.group(1))
+            rest = m.group(2)
+            head = rest.split(".")[0]
+            if head in _MTP_RENAME:
+                rest = _MTP_RENAME[head] + rest[len(head):]
+            elif rest.startswith("block."):
+                rest = rest[len("block."):]
+            name = f"layers.{layer}.{rest}"
+        em = re.match(r"(layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$", name)
+        if em:
+            for e in range(t.shape[0]):
+                out[f"model.{em.group(1)}.{e}.{em.group(2)}.weight"] = t[e]
+            continue
+        out[f"model.{name}"] = t
+    for k in range(model.args.mtp_depth):
+        out[f"model.layers.{n_layers + k}.embed_tokens.weight"] = model.embed_tokens.weight
+        out[f"model.layers.{n_layers + k}.shared_head.head.weight"] = model.lm_head.weight
+    return out
+
+
+def from_hf_state_dict(model: DeepSeekModel, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map DeepSeek-V3 HF tensors onto our state-dict names (stacking per-expert tensors)."""
+    import torch
+
+    n_layers = model.args.num_layers
+    ours: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    rev_mtp = {v: k for k, v in _MTP_RENAME.items()}
+    for name, t in hf.items():
+        if name == "lm_head.weight":
+            ours[name] = t
+            continue
+        if not name.startswith("model."):
+            raise ValueError(f"unexpected tensor {name!r} in the HF checkpoint")
+        name = name[len("model."):]
+        lm = re.match(r"layers\.(\d+)\.(.*)$", name)
+        if lm and int(lm.group(1)) >= n_layers:
+            k = int(lm.group(1)) - n_layers
+            if k >= model.args.mtp_depth:
+                continue
+            rest = lm.group(2)
+            if rest.startswith(("embed_tokens.", "shared_head.head.")):
+                continue
+            for hf_head, our_head in rev_mtp.items():
+                if rest == f"{hf_head}.weight" or rest.startswith(f"{hf_head}."):
+                    rest = our_head + rest[len(hf_head):]
+                    break
+            else:
+                rest = f"block.{rest}"
+            name = f"mtp.{k}.{rest}"
+        em = re.match(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$", name)
+        if em:
+            experts.setdefault((em.group(1), em.group(3)), {})[int(em.group(2))] = t
+            continue
+        sm = re.match(r"(.*\.mlp\.experts)\.gate_up_proj$", name)
+        if sm:
+            gate, up = t.chunk(2, dim=1)
+            ours[f"{sm.group(1)}.gate_proj"] = gate
+            ours[f"{sm.group(1)}.up_proj"] = up
+            continue
+        ours[name] = t
+    for (prefix, kind), per in experts.items():
+        ours[f"{prefix}.{kind}"] = torch.stack([per[e] for e in sorted(per)])
+    return ours
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def save_hf(model: DeepSeekModel, directory: str | os.PathLike[str], max_shard_bytes: int = 5 * 1024**3) -> Path:
+    """Write config.json and safetensors shards (index file when more than one) atomically."""
+    from safetensors.torch import save
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = to_hf_state_dict(model)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous().clone()
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        _atomic_write_bytes(out / SINGLE_FILE, save(shards[0], metadata={"format": "pt"}))
+    else:
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            _atomic_write_bytes(out / fname, save(shard, metadata={"format": "pt"}))
+            weight_map.update(dict.fromkeys(shard, fname))
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": weight_map}
+        _atomic_write_bytes(out / INDEX_FILE, json.dumps(index, indent=2).encode())
+    cfg = hf_config_from_args(model.args, dtype=dtype)
+    _atomic_write_bytes(out / CONFIG_NAME, json.dumps(cfg, indent=2).encode())
+    return out
+
+
+def read_hf_tensors(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors checkpoint directory (single file or index + shards)."""
+    from safetensors.torch import load_file
+
+    root = Path(directory)
+    if (root / INDEX_FILE).exists():
+        index = json.loads((root / INDEX_FILE).read_text())
+        tensors: dict[str, torch.Tensor] = {}
+        for fname in sorted(set(index["weight_map"].values())):
+            tensors.update(load_file(root / fname))
+        return tensors
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors files in {root}")
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(f))
+    return tensors
+
+
+def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> None:
+    """Copy a DeepSeek-V3 HF checkpoint into `model` (shapes must match; missing keys are an error)."""
+    check_hf_compatible(model.args)
+    ours = from_hf_state_dict(model, read_hf_tensors(directory))
+    state = model.state_dict()
+    missing = sorted(k for k in state if k not in ours and not k.endswith("tid2eid"))
+    unexpected = sorted(k for k in ours if k not in state)
+    absent_mtp = sorted({k.split(".")[1] for k in missing if k.startswith("mtp.")})
+    present_mtp = {k.split(".")[1] for k in ours if k.startswith("mtp.")}
+    if absent_mtp and not present_mtp & set(absent_mtp):
+        # transformers drops MTP layers when it saves; keep the freshly initialised MTP modules.
+        log.warning("HF checkpoint has no MTP layers; MTP module(s) %s keep their initial weights",
+                    ", ".join(absent_mtp))
+        missing = [k for k in missing if not k.startswith("mtp.")]
+    if missing or unexpected:
+        raise ValueError(f"HF checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for k, v in ours.items():
+        if tuple(v.shape) != tuple(state[k].shape):
+            raise ValueError(f"{k}: checkpoint shape {tuple(v.shape)} != model shape {tuple(state[k].shape)}")
+    model.load_state_dict(ours, strict=False)
+    for _, gate in model.moe_gates():
+        gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
+
+
+def load_hf(directory: str | os.PathLike[str], device: str | None = None,
+            dtype: torch.dtype | None = None) -> DeepSeekModel:
+    """Build a model from config.json and load its safetensors."""
+    import torch
+
+    from trex.trainer.model.model import build_model_from_args
+
+    cfg = json.loads((Path(directory) / CONFIG_NAME).read_text())
+    args = args_from_hf_config(cfg)
+    model = build_model_from_args(args, device=device, dtype=dtype or torch.float32)
+    load_hf_into(model, directory)
+    return model

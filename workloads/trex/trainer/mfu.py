@@ -1,0 +1,233 @@
+"""Parameter counts, FLOPs per token, MFU and a per-device memory estimate (pure Python; torch only for
+the CPU peak calibration).
+
+FLOPs convention (label `FLOPS_CONVENTION`), per trained token (forward + backward):
+
+    flops/token = 6 x N_active + 6 x L_attn x H x (d_qk + d_v) x K + 6 x L_attn x h_idx x d_idx x C
+
+* N_active: parameters a token touches, without the input embedding (a lookup, no GEMM): every
+  attention/norm/dense/shared-expert/router/mHC parameter, `experts_per_token` of the
+  `n_routed_experts` routed experts, the output head, and the MTP modules (they run in training).
+* Attention: QK^T and AV cost 2 x H x (d_qk + d_v) multiply-adds... i.e. 2 x H x (d_qk + d_v) FLOPs per
+  attended key in the forward, x3 for forward + backward; with d_qk = d_v = d this is the familiar
+  12 x H x d per key. L_attn = num_layers + mtp_depth.
+* K (attended keys per query): `mla` is causal: K = T/2 (the average over the sequence); `csa`
+  counts only attended keys: K = min(window, T) + min(top_k, T / m).
+* The csa lightning indexer scores every visible compressed entry: C = T / (2 m) on average.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+FLOPS_CONVENTION = "6N_active+attn_causal"
+"""Label carried next to the MFU gauge: 6 x active non-embedding params + attended-key attention term."""
+
+# Dense bf16/fp16 peak FLOP/s per device (no sparsity).
+PEAK_FLOPS: dict[str, float] = {
+    "h100": 989e12,
+    "h200": 989e12,
+    "h800": 989e12,
+    "a100": 312e12,
+    "910c": 376e12,  # Ascend 910C, per die (the package holds two)
+    "910b": 313e12,  # Ascend 910B (910B3 class); pass --peak-flops for other bins
+}
+DEVICE_ALIASES = {"ascend910c": "910c", "ascend-910c": "910c", "ascend910b": "910b", "ascend-910b": "910b"}
+
+
+def device_peak(device: str, override: float | None = None) -> float:
+    """Peak FLOP/s of a catalog device (or `override`); ValueError names the allowed devices."""
+    if override is not None:
+        if override <= 0:
+            raise ValueError(f"peak FLOP/s must be positive, got {override}")
+        return override
+    key = DEVICE_ALIASES.get(device.lower(), device.lower())
+    if key not in PEAK_FLOPS:
+        raise ValueError(f"unknown device {device!r}; known: {', '.join(sorted(PEAK_FLOPS))}, cpu (measured)")
+    return PEAK_FLOPS[key]
+
+
+def measure_cpu_peak_flops(seconds: float = 1.0, n: int = 512) -> float:
+    """Calibrate the CPU peak with fp32 n x n GEMMs for about `seconds`; returns FLOP/s (best of runs)."""
+    import torch
+
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
+    torch.mm(a, b)
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        reps = 4
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        dt = time.perf_counter() - t0
+        best = max(best, reps * 2 * n**3 / max(dt, 1e-9))
+        if time.perf_counter() >= deadline:
+            return best
+
+
+def _i(v: Mapping[str, Any], key: str) -> int:
+    return int(v[key])
+
+
+@dataclass(frozen=True)
+class ParamBreakdown:
+    """Parameter counts by part (elements)."""
+
+    embedding: int
+    head: int
+    attention: int
+    dense_ffn: int
+    routed_experts: int
+    shared_and_router: int
+    norms_and_hc: int
+    active_routed: int
+
+    @property
+    def total(self) -> int:
+        """Every parameter."""
+        return (self.embedding + self.head + self.attention + self.dense_ffn + self.routed_experts
+                + self.shared_and_router + self.norms_and_hc)
+
+    @property
+    def active(self) -> int:
+        """Parameters one token touches (routed experts: top-k only), embedding included."""
+        return self.total - self.routed_experts + self.active_routed
+
+    @property
+    def active_non_embedding(self) -> int:
+        """Active parameters without the input embedding: the N of 6N."""
+        return self.active - self.embedding
+
+    @property
+    def experts(self) -> int:
+        """Parameters sharded by expert parallelism."""
+        return self.routed_experts
+
+    @property
+    def dense(self) -> int:
+        """Everything that is not a routed expert (sharded by tp/pp)."""
+        return self.total - self.routed_experts
+
+
+def _attention_params(v: Mapping[str, Any]) -> int:
+    d, h = _i(v, "hidden_size"), _i(v, "num_heads")
+    nope, rope, vd = _i(v, "qk_nope_head_dim"), _i(v, "qk_rope_head_dim"), _i(v, "v_head_dim")
+    ql, kl = _i(v, "q_lora_rank"), _i(v, "kv_lora_rank")
+    qk = nope + rope
+    q = d * ql + ql + ql * h * qk if ql > 0 else d * h * qk
+    n = q + d * (kl + rope) + kl + kl * h * (nope + vd) + h * vd * d
+    if v["attention"] == "csa":
+        ih, idim, m = _i(v, "csa_indexer_heads"), _i(v, "csa_indexer_dim"), _i(v, "csa_compress_every")
+        n += qk + kl + m + kl + d * ih * idim + d * ih + kl * idim
+    return n
+
+
+def _hc_block(v: Mapping[str, Any]) -> int:
+    n, d = _i(v, "hc_mult"), _i(v, "hidden_size")
+    if n == 1:
+        return 0
+    return 2 * (n * d * (2 * n + n * n) + 3 + 2 * n + n * n)
+
+
+def _hc_head(v: Mapping[str, Any]) -> int:
+    n, d = _i(v, "hc_mult"), _i(v, "hidden_size")
+    return 0 if n == 1 else n * d * n + 1 + n
+
+
+def param_breakdown(v: Mapping[str, Any]) -> ParamBreakdown:
+    """Exact parameter counts of the model `v` (resolved preset values) builds."""
+    d, vocab = _i(v, "hidden_size"), _i(v, "vocab_size")
+    layers, dense_layers, mtp = _i(v, "num_layers"), _i(v, "n_dense_layers"), _i(v, "mtp_depth")
+    e, k, mi, ns = _i(v, "n_routed_experts"), _i(v, "experts_per_token"), _i(v, "moe_intermediate_size"), \
+        _i(v, "n_shared_experts")
+    moe_layers = layers - dense_layers + mtp
+    attn_layers = layers + mtp
+    expert = 3 * mi * d
+    return ParamBreakdown(
+        embedding=vocab * d,
+        head=vocab * d,
+        attention=attn_layers * _attention_params(v),
+        dense_ffn=dense_layers * 3 * d * _i(v, "intermediate_size"),
+        routed_experts=moe_layers * e * expert,
+        shared_and_router=moe_layers * (e * d + 3 * d * mi * ns),
+        norms_and_hc=(attn_layers * (2 * d + _hc_block(v)) + d + _hc_head(v)
+                      + mtp * (2 * d + 2 * d * d + d + _hc_head(v))),
+        active_routed=moe_layers * k * expert,
+    )
+
+
+def attended_keys(v: Mapping[str, Any], seq_len: int) -> float:
+    """Average keys one query attends to (see the module docstring)."""
+    if v["attention"] == "csa":
+        m = _i(v, "csa_compress_every")
+        return min(_i(v, "csa_window"), seq_len) + min(_i(v, "csa_top_k"), seq_len / m)
+    return seq_len / 2
+
+
+def flops_per_token(v: Mapping[str, Any], seq_len: int) -> float:
+    """Training FLOPs per token under FLOPS_CONVENTION."""
+    p = param_breakdown(v)
+    attn_layers = _i(v, "num_layers") + _i(v, "mtp_depth")
+    h = _i(v, "num_heads")
+    dqk = _i(v, "qk_nope_head_dim") + _i(v, "qk_rope_head_dim")
+    flops = 6.0 * p.active_non_embedding
+    flops += 6.0 * attn_layers * h * (dqk + _i(v, "v_head_dim")) * attended_keys(v, seq_len)
+    if v["attention"] == "csa":
+        flops += (6.0 * attn_layers * _i(v, "csa_indexer_heads") * _i(v, "csa_indexer_dim")
+                  * seq_len / (2 * _i(v, "csa_compress_every")))
+    return flops
+
+
+def mfu(tokens_per_second: float, flops_per_token_: float, peak: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over the peak."""
+    if peak <= 0:
+        raise ValueError(f"peak FLOP/s must be positive, got {peak}")
+    return tokens_per_second * flops_per_token_ / peak
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device by part."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        """Sum of the parts."""
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+def memory_per_device(v: Mapping[str, Any], *, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, etp: int = 1,
+                      seq_len: int = 4096, micro_batch: int = 1, param_bytes: int = 2, grad_bytes: int = 4,
+                      shard_optimizer: bool = True, world: int | None = None) -> MemoryEstimate:
+    """Rough per-device memory: bf16 weights, fp32 grads, fp32 master + states (Muon momentum for
+    GEMM weights, AdamW m and v for embedding/head/norms, approximated as 1.2 states per param on
+    average plus master), experts divided by ep x etp x pp, the rest by tp x pp; optimizer state
+    sharded over the data-parallel replicas of each part when `shard_optimizer`. Activations:
+    34 x D x T x micro_batch bytes per layer (bf16, flash attention, no recompute) / tp, for the
+    layers of one stage."""
+    for name, val in (("dp", dp), ("tp", tp), ("pp", pp), ("ep", ep), ("etp", etp), ("seq_len", seq_len),
+                      ("micro_batch", micro_batch)):
+        if val <= 0:
+            raise ValueError(f"{name} must be positive, got {val}")
+    p = param_breakdown(v)
+    world = world or dp * tp * pp
+    expert_shard = p.experts / (ep * etp * pp)
+    dense_shard = p.dense / (tp * pp)
+    per_dev = expert_shard + dense_shard
+    states_per_param = 4.0 + 4.0 * 1.2  # fp32 master + ~1.2 fp32 states
+    edp = max(world // (ep * etp * pp), 1)
+    opt = states_per_param * (expert_shard / (edp if shard_optimizer else 1)
+                              + dense_shard / (dp if shard_optimizer else 1))
+    layers_per_stage = (_i(v, "num_layers") + _i(v, "mtp_depth")) / pp
+    hc = _i(v, "hc_mult")
+    act = 34.0 * _i(v, "hidden_size") * hc * seq_len * micro_batch * layers_per_stage / tp
+    return MemoryEstimate(params=per_dev * param_bytes, grads=per_dev * grad_bytes, optimizer=opt, activations=act)

@@ -1,0 +1,84 @@
+"""Small building blocks: RMSNorm, rotary embedding, dense SwiGLU FFN, packed-document helpers."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned scale; computed in fp32 like DeepSeek-V3."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_inv_freq(dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
+    """Inverse frequencies of the `dim/2` rotary pairs."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+
+
+def rope_cos_sin(position_ids: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, T, dim/2] for integer positions (computed per call: no 1M-token tables)."""
+    inv = rope_inv_freq(dim, theta, position_ids.device)
+    ang = position_ids.float()[..., None] * inv
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x0, x1), (x2, x3), ... as DeepSeek-V3 does (complex multiply).
+
+    x: [B, T, H, D] (or [B, T, D] with cos/sin broadcast); cos/sin: [B, T, D/2].
+    """
+    if x.dim() == 4:
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    xf = x.float()
+    x1, x2 = xf[..., 0::2], xf[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); HF DeepSeek-V3 names."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+def positions_from_docs(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Positions that restart at 0 at every document start: [B, T] long."""
+    b, t = doc_ids.shape
+    idx = torch.arange(t, device=doc_ids.device).expand(b, t)
+    start = torch.ones_like(doc_ids, dtype=torch.bool)
+    start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - first
+
+
+def causal_doc_mask(doc_ids: torch.Tensor | None, b: int, t: int, device: torch.device,
+                    window: int | None = None) -> torch.Tensor:
+    """Boolean [B, 1, T, T]: key j visible to query i iff j <= i, same document, and i - j < window."""
+    i = torch.arange(t, device=device)
+    allowed = i[None, :] <= i[:, None]
+    if window is not None:
+        allowed = allowed & (i[:, None] - i[None, :] < window)
+    mask = allowed.expand(b, t, t)
+    if doc_ids is not None:
+        mask = mask & (doc_ids[:, :, None] == doc_ids[:, None, :])
+    return mask[:, None]

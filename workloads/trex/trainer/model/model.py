@@ -1,0 +1,287 @@
+"""DeepSeekModel: embedding -> blocks (attention + dense/MoE FFN, plain or mHC residual) -> norm -> head, plus MTP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import nn
+
+from trex.trainer.model.args import ModelArgs
+from trex.trainer.model.attention import AttnContext, build_attention
+from trex.trainer.model.hc import HyperConnection, HyperHead
+from trex.trainer.model.layers import MLP, RMSNorm, positions_from_docs, rope_cos_sin
+from trex.trainer.model.moe import Gate, GroupedExperts, MoE
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from trex.trainer.config import ModelConfig
+
+Role = Literal["muon", "adamw"]
+
+
+@dataclass
+class ModelOutput:
+    """Everything one forward returns.
+
+    logits [B, T, V]; mtp_logits[k] [B, T, V] predicts token t + 1 + (k + 1) at position t;
+    balance_loss: sequence balance loss summed over MoE layers (unweighted); expert_counts
+    [n_moe_layers, E] long (trunk MoE layers, then one per MTP module); indexer_loss: csa indexer
+    KL summed over layers (zero for mla); doc_ids: the forward's doc_ids (the loss keeps MTP
+    targets inside documents).
+    """
+
+    logits: torch.Tensor
+    mtp_logits: list[torch.Tensor]
+    balance_loss: torch.Tensor
+    expert_counts: torch.Tensor
+    indexer_loss: torch.Tensor
+    doc_ids: torch.Tensor | None = field(default=None)
+
+
+@dataclass
+class _Acc:
+    """Per-forward accumulators of auxiliary outputs."""
+
+    balance: list[torch.Tensor] = field(default_factory=list)
+    counts: list[torch.Tensor] = field(default_factory=list)
+    indexer: list[torch.Tensor] = field(default_factory=list)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; residual is plain (hc_mult = 1) or mHC over hc_mult streams."""
+
+    def __init__(self, args: ModelArgs, moe: bool, hash_routed: bool = False, seed: int = 0,
+                 layer: int = 0) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
+        self.self_attn = build_attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
+        self.mlp: MoE | MLP = (
+            MoE(args, hash_routed=hash_routed, seed=seed, layer=layer) if moe
+            else MLP(args.hidden_size, args.intermediate_size)
+        )
+        self.hc = args.hc_mult
+        if self.hc > 1:
+            self.hc_attn = HyperConnection(self.hc, args.hidden_size, args.sinkhorn_iters, args.norm_eps)
+            self.hc_ffn = HyperConnection(self.hc, args.hidden_size, args.sinkhorn_iters, args.norm_eps)
+
+    def _ffn(self, h: torch.Tensor, token_ids: torch.Tensor, acc: _Acc) -> torch.Tensor:
+        y: torch.Tensor
+        if isinstance(self.mlp, MoE):
+            y, balance, counts = self.mlp(h, token_ids)
+            acc.balance.append(balance)
+            acc.counts.append(counts)
+            return y
+        y = self.mlp(h)
+        return y
+
+    def _attn(self, h: torch.Tensor, ctx: AttnContext, acc: _Acc) -> torch.Tensor:
+        y: torch.Tensor
+        y, aux = self.self_attn(h, ctx)
+        acc.indexer.append(aux)
+        return y
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext, token_ids: torch.Tensor, acc: _Acc) -> torch.Tensor:
+        """x: [B, T, D] (hc_mult = 1) or [B, T, n, D] streams."""
+        if self.hc == 1:
+            x = x + self._attn(self.input_layernorm(x), ctx, acc)
+            return x + self._ffn(self.post_attention_layernorm(x), token_ids, acc)
+        pre, post, res = self.hc_attn.mappings(x)
+        y = self._attn(self.input_layernorm(self.hc_attn.read(x, pre)), ctx, acc)
+        x = self.hc_attn.write(x, y, post, res)
+        pre, post, res = self.hc_ffn.mappings(x)
+        y = self._ffn(self.post_attention_layernorm(self.hc_ffn.read(x, pre)), token_ids, acc)
+        return self.hc_ffn.write(x, y, post, res)
+
+
+def _to_streams(h: torch.Tensor, n: int) -> torch.Tensor:
+    return h if n == 1 else h[:, :, None, :].expand(-1, -1, n, -1).contiguous()
+
+
+class MTPModule(nn.Module):
+    """DeepSeek-V3 multi-token prediction module: proj([norm(h); norm(emb(next token))]) -> block -> norm.
+    Shares the embedding and output head with the trunk."""
+
+    def __init__(self, args: ModelArgs, seed: int, layer: int) -> None:
+        super().__init__()
+        d = args.hidden_size
+        self.hnorm = RMSNorm(d, args.norm_eps)
+        self.enorm = RMSNorm(d, args.norm_eps)
+        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        self.block = Block(args, moe=True, seed=seed, layer=layer)
+        self.hc_head = HyperHead(args.hc_mult, d, args.norm_eps) if args.hc_mult > 1 else None
+        self.norm = RMSNorm(d, args.norm_eps)
+
+    def forward(self, h: torch.Tensor, emb: torch.Tensor, ctx: AttnContext, token_ids: torch.Tensor,
+                acc: _Acc) -> torch.Tensor:
+        """h: previous depth's hidden [B, T, D]; emb: embedding of the shifted tokens. Returns hidden [B, T, D]."""
+        x = self.eh_proj(torch.cat([self.hnorm(h), self.enorm(emb)], dim=-1))
+        n = self.block.hc
+        x = self.block(_to_streams(x, n), ctx, token_ids, acc)
+        out: torch.Tensor = self.hc_head(x) if self.hc_head is not None else x
+        return out
+
+
+class DeepSeekModel(nn.Module):
+    """DeepSeek-V3/V4-style MoE language model."""
+
+    def __init__(self, args: ModelArgs, seed: int = 0) -> None:
+        super().__init__()
+        self.args = args
+        d = args.hidden_size
+        self.embed_tokens = nn.Embedding(args.vocab_size, d)
+        self.layers = nn.ModuleList()
+        for i in range(args.num_layers):
+            moe_index = i - args.n_dense_layers
+            self.layers.append(Block(args, moe=moe_index >= 0, hash_routed=0 <= moe_index < args.n_hash_layers,
+                                     seed=seed, layer=i))
+        self.hc_head = HyperHead(args.hc_mult, d, args.norm_eps) if args.hc_mult > 1 else None
+        self.norm = RMSNorm(d, args.norm_eps)
+        self.lm_head = nn.Linear(d, args.vocab_size, bias=False)
+        self.mtp = nn.ModuleList(MTPModule(args, seed, args.num_layers + k) for k in range(args.mtp_depth))
+
+    # --- initialisation ------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Normal(0, init_std) GEMM/embedding weights, unit norms, mHC near a plain residual. No-op data on meta."""
+        dev = self.embed_tokens.weight.device
+        gen = None if dev.type == "meta" else torch.Generator(device=dev).manual_seed(seed)
+        std = self.args.init_std
+        for mod in self.modules():
+            if isinstance(mod, nn.Linear | nn.Embedding):
+                mod.weight.normal_(0.0, std, generator=gen)
+            elif isinstance(mod, GroupedExperts):
+                for p in (mod.gate_proj, mod.up_proj, mod.down_proj):
+                    p.normal_(0.0, std, generator=gen)
+            elif isinstance(mod, Gate):
+                mod.weight.normal_(0.0, std, generator=gen)
+                mod.e_score_correction_bias.zero_()
+            elif isinstance(mod, RMSNorm):
+                mod.weight.fill_(1.0)
+            elif isinstance(mod, HyperConnection | HyperHead):
+                mod.reset_static()
+        for mod in self.modules():
+            bias = getattr(mod, "compress_pos_bias", None)
+            if isinstance(bias, nn.Parameter):
+                bias.zero_()
+
+    # --- forward -------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None) -> ModelOutput:
+        """input_ids [B, T] -> ModelOutput. doc_ids [B, T] isolates packed documents; position_ids
+        default to positions restarting per document (plain 0..T-1 without doc_ids)."""
+        b, t = input_ids.shape
+        if position_ids is None:
+            position_ids = (positions_from_docs(doc_ids) if doc_ids is not None
+                            else torch.arange(t, device=input_ids.device).expand(b, t))
+        cos, sin = rope_cos_sin(position_ids, self.args.qk_rope_head_dim, self.args.rope_theta)
+        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin)
+        acc = _Acc()
+        n = self.args.hc_mult
+        x = _to_streams(self.embed_tokens(input_ids), n)
+        for layer in self.layers:
+            x = layer(x, ctx, input_ids, acc)
+        h = self.hc_head(x) if self.hc_head is not None else x
+        logits = self.lm_head(self.norm(h))
+        mtp_logits = []
+        for k, mod in enumerate(self.mtp):
+            assert isinstance(mod, MTPModule)
+            shifted = torch.zeros_like(input_ids)
+            shifted[:, : t - k - 1] = input_ids[:, k + 1:]
+            h = mod(h, self.embed_tokens(shifted), ctx, shifted, acc)
+            mtp_logits.append(self.lm_head(mod.norm(h)))
+        zero = logits.new_zeros((), dtype=torch.float32)
+        return ModelOutput(
+            logits=logits,
+            mtp_logits=mtp_logits,
+            balance_loss=torch.stack(acc.balance).sum() if acc.balance else zero,
+            expert_counts=(torch.stack(acc.counts) if acc.counts
+                           else torch.zeros(0, self.args.n_routed_experts, dtype=torch.long, device=logits.device)),
+            indexer_loss=torch.stack(acc.indexer).float().sum() if acc.indexer else zero,
+            doc_ids=doc_ids,
+        )
+
+    # --- hooks used by the training loop ------------------------------------------------
+    def moe_gates(self) -> list[tuple[str, Gate]]:
+        """Routers in expert_counts row order (trunk MoE layers, then MTP blocks), with module names."""
+        return [(name, mod) for name, mod in self.named_modules() if isinstance(mod, Gate)]
+
+    def set_anticipatory_router_weights(self, weights: dict[str, torch.Tensor] | None) -> None:
+        """While set, each named gate picks its top-k indices with the given (older) weight; routing
+        weights still come from the current weight. Keys: gate names from moe_gates() (a trailing
+        '.weight' is accepted). None restores normal routing for every gate."""
+        gates = dict(self.moe_gates())
+        for gate in gates.values():
+            gate.anticipatory_weight = None
+        if weights is None:
+            return
+        for key, value in weights.items():
+            name = key.removesuffix(".weight")
+            if name not in gates:
+                raise ValueError(f"unknown router {key!r}; routers: {', '.join(gates)}")
+            gate = gates[name]
+            if tuple(value.shape) != tuple(gate.weight.shape):
+                raise ValueError(f"router {key!r}: weight shape {tuple(value.shape)} != {tuple(gate.weight.shape)}")
+            gate.anticipatory_weight = value.detach()
+
+    def param_roles(self) -> dict[str, Role]:
+        """Optimizer of every trainable parameter: GEMM weights (2-D, stacked 3-D experts, routers,
+        mHC projections) -> muon; embedding, output head, norms, mHC static gates/biases, 1-D -> adamw."""
+        roles: dict[str, Role] = {}
+        for mod_name, mod in self.named_modules():
+            for p_name, p in mod.named_parameters(recurse=False):
+                if not p.requires_grad:
+                    continue
+                full = f"{mod_name}.{p_name}" if mod_name else p_name
+                muon = (
+                    (isinstance(mod, nn.Linear) and mod is not self.lm_head)
+                    or isinstance(mod, GroupedExperts)
+                    or (isinstance(mod, Gate) and p_name == "weight")
+                )
+                roles[full] = "muon" if muon and p.dim() >= 2 else "adamw"
+        return roles
+
+
+def update_expert_bias(model: DeepSeekModel, expert_counts: torch.Tensor, speed: float,
+                       group: ProcessGroup | None = None) -> None:
+    """Aux-loss-free balancing: bias += speed * sign(mean load - load) per gate, from the counts
+    (summed over `group` when given). Hash-routed gates are skipped (their bias never selects)."""
+    counts = expert_counts.detach().to(torch.float32).clone()
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+    gates = model.moe_gates()
+    if counts.shape[0] != len(gates):
+        raise ValueError(f"expert_counts has {counts.shape[0]} rows but the model has {len(gates)} MoE layers")
+    for row, (_, gate) in zip(counts, gates, strict=True):
+        if gate.hash_routed:
+            continue
+        bias = gate.e_score_correction_bias
+        bias.add_((torch.sign(row.mean() - row) * speed).to(bias.device))
+
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build_model(model_cfg: ModelConfig, device: torch.device | str | None = None,
+                dtype: torch.dtype | None = None, seed: int = 0) -> DeepSeekModel:
+    """Instantiate and initialise (seeded) on `device`; on "meta" nothing is materialised."""
+    args = ModelArgs.from_config(model_cfg)
+    return build_model_from_args(args, device=device, dtype=dtype or _DTYPES[model_cfg.dtype], seed=seed)
+
+
+def build_model_from_args(args: ModelArgs, device: torch.device | str | None = None,
+                          dtype: torch.dtype = torch.float32, seed: int = 0) -> DeepSeekModel:
+    """build_model for an explicit ModelArgs (tests, HF import)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    with dev:
+        model = DeepSeekModel(args, seed=seed)
+    model.init_weights(seed)
+    model.to(dtype)
+    for _, gate in model.moe_gates():
+        gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
+    return model

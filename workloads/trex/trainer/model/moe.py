@@ -1,0 +1,188 @@
+"""Mixture of experts: router (V3 sigmoid / V4 sqrt-softplus, group-limited, hash), grouped experts, MoE FFN."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trex.trainer.model.args import ModelArgs
+from trex.trainer.model.layers import MLP
+
+
+def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Affinity scores: sigmoid (DeepSeek-V3) or sqrt(softplus(x)) (DeepSeek-V4)."""
+    if scoring == "sigmoid":
+        return logits.sigmoid()
+    if scoring == "sqrt-softplus":
+        return F.softplus(logits).sqrt()
+    raise ValueError(f"scoring must be 'sigmoid' or 'sqrt-softplus', got {scoring!r}")
+
+
+def select_experts(biased: torch.Tensor, k: int, n_groups: int = 1, topk_groups: int = 1) -> torch.Tensor:
+    """Top-k expert indices [N, k] from biased scores [N, E], optionally group-limited (DeepSeek-V3:
+    a group's score is the sum of its top-2 biased scores; only the best `topk_groups` groups compete)."""
+    if n_groups > 1:
+        n, e = biased.shape
+        grouped = biased.view(n, n_groups, e // n_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, True)
+        biased = biased.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(n, e), float("-inf"))
+    return biased.topk(k, dim=-1).indices
+
+
+def hash_table(vocab_size: int, n_experts: int, k: int, seed: int, chunk: int = 8192) -> torch.Tensor:
+    """Fixed token-id -> k distinct experts table [V, k], deterministic from `seed` (V4 hash routing)."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = [torch.rand(min(chunk, vocab_size - i), n_experts, generator=gen, device="cpu").topk(k, dim=-1).indices
+             for i in range(0, vocab_size, chunk)]
+    return torch.cat(parts).long()
+
+
+def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """DeepSeek-V3 sequence-wise balance loss, unweighted: mean over rows of sum_i f_i P_i with
+    f_i = E/(k T) * (tokens of the row routed to i) and P_i = mean_t s_{t,i} / sum_j s_{t,j}.
+    scores [B, T, E], indices [B, T, k]."""
+    b, t, k = indices.shape
+    counts = torch.zeros(b, n_experts, device=scores.device, dtype=scores.dtype)
+    counts.scatter_add_(1, indices.reshape(b, t * k), torch.ones(b, t * k, device=scores.device, dtype=scores.dtype))
+    f = counts * (n_experts / (k * t))
+    p = (scores / scores.sum(-1, keepdim=True)).mean(1)
+    return (f * p).sum(-1).mean()
+
+
+class Gate(nn.Module):
+    """Router: scores from `weight`, top-k on score + `e_score_correction_bias` (a buffer: selection only),
+    weights = unbiased scores at the chosen experts, renormalised and scaled. Hash-routed gates take the
+    indices from a fixed token-id table instead."""
+
+    e_score_correction_bias: torch.Tensor
+    tid2eid: torch.Tensor
+
+    def __init__(self, args: ModelArgs, hash_routed: bool = False, seed: int = 0, layer: int = 0) -> None:
+        super().__init__()
+        self.n_experts = args.n_routed_experts
+        self.k = args.experts_per_token
+        self.scoring = args.scoring
+        self.n_groups = args.n_groups
+        self.topk_groups = args.topk_groups
+        self.scale = args.routed_scaling_factor
+        self.hash_routed = hash_routed
+        self.weight = nn.Parameter(torch.empty(self.n_experts, args.hidden_size))
+        self.register_buffer("e_score_correction_bias", torch.zeros(self.n_experts, dtype=torch.float32))
+        self.anticipatory_weight: torch.Tensor | None = None
+        if hash_routed:
+            dev = self.weight.device
+            if dev.type == "meta":
+                table = torch.empty(args.vocab_size, self.k, dtype=torch.long, device=dev)
+            else:
+                table = hash_table(args.vocab_size, self.n_experts, self.k, seed * 1_000_003 + layer).to(dev)
+            self.register_buffer("tid2eid", table)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, D], token_ids [N] -> (weights [N, k], indices [N, k], scores [N, E])."""
+        scores = router_scores(F.linear(x.float(), self.weight.float()), self.scoring)
+        with torch.no_grad():
+            if self.hash_routed:
+                indices = self.tid2eid[token_ids]
+            else:
+                choice = scores
+                if self.anticipatory_weight is not None:
+                    old = self.anticipatory_weight.to(device=x.device, dtype=torch.float32)
+                    choice = router_scores(F.linear(x.float(), old), self.scoring)
+                indices = select_experts(choice + self.e_score_correction_bias, self.k, self.n_groups, self.topk_groups)
+        w = scores.gather(1, indices)
+        w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.scale
+        return w, indices, scores
+
+
+def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """torch._grouped_mm needs 16-byte aligned rows; on CUDA it runs bf16 on sm90+ (H100/H200)."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
+        return False
+    size = x.element_size()
+    if (w.shape[1] * size) % 16 or (w.shape[2] * size) % 16:
+        return False
+    if x.device.type == "cuda":
+        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return x.device.type == "cpu"
+
+
+def grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` sorted by expert, `counts[e]` rows for expert e; returns x_e @ w[e].T stacked.
+    w is [E, out, in]. Uses torch._grouped_mm when it applies, else a loop over experts."""
+    if _grouped_mm_ok(x, w):
+        offs = counts.cumsum(0).to(torch.int32)
+        y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        if y.requires_grad:
+            y.register_hook(lambda g: g.contiguous())  # type: ignore[no-untyped-call]
+        return y
+    outs = []
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        if n:
+            outs.append(x[start:start + n] @ w[e].t())
+            start += n
+    if not outs:
+        return x.new_zeros((0, w.shape[1]))
+    return torch.cat(outs)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu(gate) * up with the V4 clamp: gate capped at `limit`, up clamped to [-limit, limit] (0 = off)."""
+    if limit > 0:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
+class GroupedExperts(nn.Module):
+    """Routed experts stored stacked: gate_proj/up_proj [E, I, D], down_proj [E, D, I]."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        e, d, i = args.n_routed_experts, args.hidden_size, args.moe_intermediate_size
+        self.n_experts = e
+        self.limit = args.swiglu_limit
+        self.gate_proj = nn.Parameter(torch.empty(e, i, d))
+        self.up_proj = nn.Parameter(torch.empty(e, i, d))
+        self.down_proj = nn.Parameter(torch.empty(e, d, i))
+
+    def forward(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [N, D], indices/weights [N, k] -> sum_k weights * expert_k(x): [N, D]."""
+        k = indices.shape[1]
+        flat = indices.reshape(-1)
+        order = flat.argsort(stable=True)
+        tok = order // k
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        xs = x[tok]
+        h = swiglu(grouped_linear(xs, self.gate_proj, counts), grouped_linear(xs, self.up_proj, counts), self.limit)
+        y = grouped_linear(h, self.down_proj, counts) * weights.reshape(-1)[order, None].to(x.dtype)
+        return x.new_zeros(x.shape).index_add(0, tok, y)
+
+
+class MoE(nn.Module):
+    """Shared expert(s) + routed experts. Returns output, sequence balance loss and per-expert counts."""
+
+    def __init__(self, args: ModelArgs, hash_routed: bool = False, seed: int = 0, layer: int = 0) -> None:
+        super().__init__()
+        self.gate = Gate(args, hash_routed=hash_routed, seed=seed, layer=layer)
+        self.experts = GroupedExperts(args)
+        self.shared_experts = (
+            MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts)
+            if args.n_shared_experts > 0 else None
+        )
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, D], token_ids [B, T] -> (y [B, T, D], balance loss scalar, counts [E] long)."""
+        b, t, d = x.shape
+        flat = x.reshape(b * t, d)
+        w, idx, scores = self.gate(flat, token_ids.reshape(-1))
+        y = self.experts(flat, idx, w).view(b, t, d)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        n_e = self.gate.n_experts
+        balance = sequence_balance_loss(scores.view(b, t, n_e), idx.view(b, t, -1), n_e)
+        counts = torch.bincount(idx.reshape(-1), minlength=n_e)
+        return y, balance, counts
