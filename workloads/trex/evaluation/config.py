@@ -87,6 +87,17 @@ class TimeoutConfig(TrexModel):
     """Per sandboxed program run (s)."""
 
 
+class ExecutionConfig(TrexModel):
+    """Sandboxed execution of the generated programs."""
+
+    workers: int = Field(default=2, gt=0, le=256)
+    """Programs executed at once (each is one sandboxed process)."""
+    memory_mb: int = Field(default=4096, gt=0, le=1_048_576)
+    """Address-space limit per program (MiB)."""
+    max_output_kb: int = Field(default=1024, gt=0, le=1_048_576)
+    """Captured stdout/stderr per program and stream (KiB); more kills the program."""
+
+
 class EvalConfig(TrexModel):
     """One evaluation run."""
 
@@ -102,6 +113,12 @@ class EvalConfig(TrexModel):
     """Time limits."""
     orgeval: bool = True
     """Bench4Opt: also decide structural equivalence with ORGEval."""
+    bench4opt_text: Literal["wp", "wp_concise"] = "wp"
+    """Bench4Opt: which problem statement is the question (wp.txt or wp_concise.txt)."""
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    """Sandboxed execution."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65_535)
+    """Serve Prometheus metrics on this port (unset: TREX_METRICS_PORT if set, else not served)."""
     output: str = "eval-out"
     """Output directory."""
 

@@ -86,6 +86,14 @@ class KernelTuneConfig(TrexModel):
     """Seed for inputs and search tie-breaks."""
     output: str = "kernels-out"
     """Output directory (registry, report, search state)."""
+    milp_starts: int = Field(default=3, ge=1, le=20)
+    """MILP-ranked starting configurations measured before the search; the fastest correct one is the root."""
+    gate_seeds: int = Field(default=5, ge=5, le=100)
+    """Seeds per tail shape in the correctness gate (at least 5)."""
+    compare_compile: bool = True
+    """Also time torch.compile (default mode) as a baseline; its compile time is reported separately."""
+    cache_dir: str | None = None
+    """Compiled-kernel and machine-facts cache; unset = $TREX_KERNEL_CACHE or ~/.cache/trex/kernels."""
 
     @model_validator(mode="after")
     def _check(self) -> KernelTuneConfig:

@@ -61,12 +61,17 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("trex_ordata_stage_seconds_total", "counter", "Time spent per pipeline stage.", ("stage",)),
     MetricSpec("trex_ordata_shards_done", "gauge", "Shards finished in this process.", ()),
     MetricSpec("trex_ordata_progress_ratio", "gauge", "Fraction of this shard's instances processed.", ()),
+    MetricSpec("trex_ordata_accepted_per_second", "gauge", "Accepted samples per second of this shard's run so far.", ()),
+    MetricSpec("trex_ordata_sampling_attempts_total", "counter",
+               "Candidate draws by the generators (resampled until feasible and bounded).", ("family",)),
     # --- evaluation ----------------------------------------------------------------------
     MetricSpec("trex_eval_pass_at_k", "gauge", "Unbiased pass@k per benchmark.", ("benchmark", "k", "protocol")),
     MetricSpec("trex_eval_samples_total", "counter", "Scored samples by verdict category.", ("benchmark", "category")),
     MetricSpec("trex_eval_structural_accuracy", "gauge", "ORGEval structural equivalence rate.", ("benchmark",)),
     MetricSpec("trex_eval_progress_ratio", "gauge", "Fraction of samples scored.", ("benchmark",)),
     MetricSpec("trex_eval_tokens_total", "counter", "Model tokens used.", ("benchmark", "direction")),
+    MetricSpec("trex_eval_failed_requests_total", "counter",
+               "Model requests that failed after retries (those samples stay missing until a rerun).", ("benchmark",)),
     # --- operator ------------------------------------------------------------------------
     MetricSpec("trex_operator_reconciles_total", "counter", "Reconciliations by kind and result.", ("kind", "result")),
     MetricSpec("trex_operator_reconcile_seconds", "histogram", "Reconciliation latency.", ("kind",)),

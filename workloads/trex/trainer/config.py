@@ -138,6 +138,9 @@ class MuonConfig(TrexModel):
     """Target update RMS: the orthogonalised update is scaled by sqrt(max(n, m)) x update_rms."""
     weight_decay: float = Field(default=0.1, ge=0)
     """Decoupled weight decay."""
+    ns_dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    """Compute dtype of every Newton-Schulz stage but the last, which always runs in fp32 (auto: bf16 on
+    accelerators when model.dtype is bf16, else fp32)."""
 
 
 class AdamWConfig(TrexModel):

@@ -1,0 +1,28 @@
+"""IndustryOR (original ORLM release and the corrected 'fixed' variant share the format).
+
+JSONL, one ``{"en_question", "en_answer", "difficulty"[, "id"]}`` object a line; difficulty
+(Easy / Medium / Hard) is the category; answers may be 'No Best Solution'. Corrected releases
+(e.g. SIRL's test_data/IndustryOR_fixed.json) drop ``difficulty``; their items get no category.
+"""
+
+from __future__ import annotations
+
+from trex.evaluation.benchmarks.base import Item, parse_truth, read_json_records, require
+
+REQUIRED = ("en_question", "en_answer")
+DETECT = ("en_question", "en_answer", "difficulty")
+
+
+def parse(data: bytes, what: str) -> list[Item]:
+    """Items keyed by id when present, else by line order; category = difficulty."""
+    items: list[Item] = []
+    for i, r in enumerate(read_json_records(data, what)):
+        try:
+            truth = parse_truth(require(r, "en_answer", what, i))
+        except ValueError as e:
+            raise ValueError(f"{what}: record {i} en_answer: {e}") from e
+        items.append(Item(
+            id=str(r.get("id", i)), question=str(require(r, "en_question", what, i)), truth=truth,
+            category=str(r.get("difficulty", "")),
+        ))
+    return items

@@ -1,0 +1,22 @@
+"""MAMO optimization sets (EasyLP, ComplexLP): JSONL of ``{"id", "Question", "Answer", "Category", "Type"}``."""
+
+from __future__ import annotations
+
+from trex.evaluation.benchmarks.base import Item, parse_truth, read_json_records, require
+
+REQUIRED = ("Question", "Answer")
+
+
+def parse(data: bytes, what: str) -> list[Item]:
+    """Items keyed by the published id; category = Type (easy_lp / complex_lp)."""
+    items: list[Item] = []
+    for i, r in enumerate(read_json_records(data, what)):
+        try:
+            truth = parse_truth(require(r, "Answer", what, i))
+        except ValueError as e:
+            raise ValueError(f"{what}: record {i} Answer: {e}") from e
+        items.append(Item(
+            id=str(r.get("id", i)), question=str(require(r, "Question", what, i)), truth=truth,
+            category=str(r.get("Type", "")),
+        ))
+    return items

@@ -1,0 +1,26 @@
+"""Held-out ORData samples: JSONL of ``{"id", "question", "answer"[, "family"]}``.
+
+``answer`` is the solver-verified optimal objective (a number) or a status label
+("infeasible", "unbounded"); ``family`` is the generator family used as category.
+"""
+
+from __future__ import annotations
+
+from trex.evaluation.benchmarks.base import Item, parse_truth, read_json_records, require
+
+REQUIRED = ("question", "answer")
+
+
+def parse(data: bytes, what: str) -> list[Item]:
+    """Items keyed by id (else line order); category = family."""
+    items: list[Item] = []
+    for i, r in enumerate(read_json_records(data, what)):
+        try:
+            truth = parse_truth(require(r, "answer", what, i))
+        except ValueError as e:
+            raise ValueError(f"{what}: record {i} answer: {e}") from e
+        items.append(Item(
+            id=str(r.get("id", i)), question=str(require(r, "question", what, i)), truth=truth,
+            category=str(r.get("family", "")),
+        ))
+    return items

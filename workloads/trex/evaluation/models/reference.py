@@ -1,0 +1,103 @@
+"""The reference model: answers every item with a program built from the item's own ground truth.
+
+It checks the harness end to end (prompt -> extraction -> sandbox -> protocol line -> scoring): a
+harness that is right scores it 100 %. Answer-only items get a program that prints the published
+answer through the TREX_RESULT protocol; Bench4Opt items get a program that loads the instance's
+reference model.lp with gurobipy (highspy when gurobipy is missing or refuses the model), exports it
+as model.lp for ORGEval, solves it and prints the solver's outcome.
+"""
+
+from __future__ import annotations
+
+import json
+
+from trex.evaluation.benchmarks.base import Item, Truth
+from trex.llm.client import ChatResult, Usage
+
+_STATUS = {"no_solution": "infeasible_or_unbounded", "infeasible_or_unbounded": "infeasible_or_unbounded",
+           "infeasible": "infeasible", "unbounded": "unbounded"}
+
+_LP_PROGRAM = '''import json
+import re
+
+LP = {lp!r}
+with open("reference_model.lp", "w") as fh:
+    fh.write(LP)
+
+
+def with_gurobi():
+    import gurobipy as gp
+    from gurobipy import GRB
+
+    env = gp.Env(empty=True)
+    env.setParam("OutputFlag", 0)
+    env.start()
+    m = gp.read("reference_model.lp", env=env)
+    m.write("model.lp")
+    m.optimize()
+    names = {{GRB.OPTIMAL: "optimal", GRB.INFEASIBLE: "infeasible", GRB.UNBOUNDED: "unbounded",
+             GRB.INF_OR_UNBD: "infeasible_or_unbounded"}}
+    status = names.get(m.Status, "solver_status_%d" % m.Status)
+    return status, (m.ObjVal if status == "optimal" else None)
+
+
+def with_highs():
+    import highspy
+
+    legal = re.sub(r"\\[([^\\]\\s]*)\\]", lambda g: "_" + g.group(1).replace(",", "_"), LP)
+    with open("reference_legal.lp", "w") as fh:
+        fh.write(legal)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.readModel("reference_legal.lp")
+    h.writeModel("model.lp")
+    h.run()
+    ms = h.getModelStatus()
+    names = {{highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kInfeasible: "infeasible",
+             highspy.HighsModelStatus.kUnbounded: "unbounded",
+             highspy.HighsModelStatus.kUnboundedOrInfeasible: "infeasible_or_unbounded"}}
+    status = names.get(ms, h.modelStatusToString(ms))
+    return status, (h.getInfo().objective_function_value if status == "optimal" else None)
+
+
+try:
+    status, objective = with_gurobi()
+except Exception:
+    status, objective = with_highs()
+print("TREX_RESULT " + json.dumps({{"status": status, "objective": objective, "values": {{}}}}))
+'''
+
+
+def _status_value(t: Truth) -> tuple[str, float | None]:
+    if t.status == "optimal":
+        return "optimal", t.value
+    return _STATUS.get(t.status, "unknown"), None
+
+
+def reference_program(item: Item) -> str:
+    """A Python program that reports ``item``'s ground truth through the protocol."""
+    if item.reference_lp is not None:
+        return _LP_PROGRAM.format(lp=item.reference_lp)
+    status, objective = _status_value(item.truth) if item.truth is not None else ("optimal", None)
+    values: dict[str, float] = {}
+    for name, t in item.named.items():
+        s, v = _status_value(t)
+        if s != "optimal" or v is None:
+            status = s
+            continue
+        values[name] = v
+    result = {"status": status, "objective": objective, "values": values}
+    return f"import json\n\nresult = json.loads({json.dumps(result)!r})\nprint('TREX_RESULT ' + json.dumps(result))\n"
+
+
+class ReferenceModel:
+    """Answers with :func:`reference_program` in a fenced block; costs no tokens."""
+
+    name = "reference"
+
+    async def generate(self, messages: list[dict[str, str]], *, item: Item, sample_index: int) -> ChatResult:
+        """The reference answer for ``item``."""
+        return ChatResult(f"Reference program.\n\n```python\n{reference_program(item)}```\n", Usage(), 0.0, "stop")
+
+    async def aclose(self) -> None:
+        """Nothing to release."""

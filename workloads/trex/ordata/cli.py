@@ -1,0 +1,184 @@
+"""`trex ordata generate | merge | show`: run shards of the OR data pipeline, merge them, inspect samples."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trex.config_base import format_validation_error, load_section
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trex ordata", description="Solver-verified OR data pipeline.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="Generate one shard (or all shards in turn).")
+    g.add_argument("--config", help="YAML file (ORDataConfig, optionally under a top-level 'ordata' key).")
+    g.add_argument("--count", type=int, help="Instances in total over all shards.")
+    g.add_argument("--seed", type=int, help="Master seed.")
+    g.add_argument("--families", help="Comma-separated family names (keeps their configured sizes/weights).")
+    g.add_argument("--shard-index", type=int, help="This shard (default: JOB_COMPLETION_INDEX, else all shards).")
+    g.add_argument("--num-shards", type=int, help="Number of shards.")
+    g.add_argument("--out", help="Output directory.")
+    g.add_argument("--metrics-port", type=int, help="Serve Prometheus metrics (default: TREX_METRICS_PORT if set).")
+    m = sub.add_parser("merge", help="Dedup across finished shards and write merged/ and the summary.")
+    m.add_argument("dir")
+    s = sub.add_parser("show", help="Pretty-print one sample: SAMPLE_ID (searched under --dir) or FILE:LINE.")
+    s.add_argument("ref")
+    s.add_argument("--dir", default=".", help="Folder searched for a sample id (default: current folder).")
+    return p
+
+
+def _load_config(args: argparse.Namespace) -> Any:
+    """Config from YAML plus CLI overrides, validated as a whole (raises ValidationError)."""
+    import yaml
+
+    from trex.ordata.config import FAMILY_NAMES, ORDataConfig
+
+    data: dict[str, Any] = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as fh:
+            loaded = yaml.safe_load(fh) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{args.config}: the top level must be a mapping")
+        data = dict(loaded.get("ordata", loaded)) if isinstance(loaded.get("ordata", loaded), dict) else {}
+    if args.count is not None:
+        data["count"] = args.count
+    if args.seed is not None:
+        data["seed"] = args.seed
+    if args.out is not None:
+        data["output"] = args.out
+    if args.num_shards is not None:
+        data["shards"] = {**data.get("shards", {}), "numShards": args.num_shards}
+    if args.families:
+        wanted = [f.strip() for f in args.families.split(",") if f.strip()]
+        bad = [f for f in wanted if f not in FAMILY_NAMES]
+        if bad:
+            raise ValueError(f"families: unknown family {bad[0]!r} (allowed: {', '.join(FAMILY_NAMES)})")
+        given = {f["name"]: f for f in data.get("families", []) if isinstance(f, dict) and "name" in f}
+        data["families"] = [given.get(f, {"name": f}) for f in wanted]
+    return load_section(ORDataConfig, data)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from trex.ordata.pipeline import run_shard
+
+    try:
+        cfg = _load_config(args)
+    except ValidationError as err:
+        print(f"trex ordata: invalid config: {format_validation_error(err)[0]}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, yaml.YAMLError) as err:
+        print(f"trex ordata: invalid config: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    num = cfg.shards.num_shards
+    idx = args.shard_index
+    if idx is None and os.environ.get("JOB_COMPLETION_INDEX", "").strip():
+        idx = int(os.environ["JOB_COMPLETION_INDEX"])
+    if idx is not None and not 0 <= idx < num:
+        print(f"trex ordata: invalid config: shard-index {idx} is outside [0, {num})", file=sys.stderr)
+        return 2
+    exporter = _exporter(args.metrics_port)
+    from trex.telemetry.summary import write_termination_summary
+
+    summary: dict[str, Any] = {"kind": "ORDataJob", "shards": []}
+    for i in [idx] if idx is not None else range(num):
+        rep = run_shard(cfg, i, num, cfg.output, exporter=exporter)
+        c = rep.manifest["counts"]
+        if rep.skipped:
+            state = "skipped (already complete)"
+        else:
+            state = f"done (resumed at instance {rep.resumed_from})" if rep.resumed_from else "done"
+        print(f"shard {i}/{num}: {state}; accepted {c['accepted']} of {c['planned']}, rejected "
+              f"{sum(c['rejected'].values())} {json.dumps(c['rejected'], sort_keys=True)} -> {rep.folder}")
+        summary["shards"].append({"index": i, "accepted": c["accepted"], "planned": c["planned"],
+                                  "skipped": rep.skipped})
+    write_termination_summary(summary)
+    return 0
+
+
+def _exporter(port: int | None) -> Any:
+    if port is None and not os.environ.get("TREX_METRICS_PORT"):
+        return None
+    from trex.telemetry.exporter import Exporter
+
+    exp = Exporter()
+    exp.serve(port)
+    return exp
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from trex.ordata.pipeline import merge
+    from trex.telemetry.summary import write_termination_summary
+
+    try:
+        manifest = merge(args.dir)
+    except (ValueError, OSError) as err:
+        print(f"trex ordata merge: {err}", file=sys.stderr)
+        return 1
+    c = manifest["counts"]
+    summary = {"kind": "ORDataJob", "samples": manifest["samples"], "accepted": c["accepted"],
+               "planned": c["planned"], "generated": c["generated"], "solved": c["solved"],
+               "verified": c["verified"], "duplicates": c["duplicates"],
+               "cross_shard_duplicates": manifest["cross_shard_duplicates"], "rejected": c["rejected"]}
+    write_termination_summary(summary)
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def _find(ref: str, folder: str) -> dict[str, Any] | None:
+    head, _, tail = ref.rpartition(":")
+    if head and tail.isdigit() and Path(head).is_file():
+        lines = Path(head).read_text(encoding="utf-8").splitlines()
+        n = int(tail)
+        if not 1 <= n <= len(lines):
+            raise ValueError(f"{head} has {len(lines)} lines; line {n} does not exist")
+        rec: dict[str, Any] = json.loads(lines[n - 1])
+        return rec
+    for path in sorted(Path(folder).rglob("*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if f'"id": "{ref}"' in line:
+                    found: dict[str, Any] = json.loads(line)
+                    return found
+    return None
+
+
+def _show(args: argparse.Namespace) -> int:
+    try:
+        rec = _find(args.ref, args.dir)
+    except (ValueError, OSError) as err:
+        print(f"trex ordata show: {err}", file=sys.stderr)
+        return 1
+    if rec is None:
+        print(f"trex ordata show: no sample {args.ref!r} under {args.dir}", file=sys.stderr)
+        return 1
+    print(f"id: {rec.get('id')}   schema: {rec.get('schema')}")
+    prov = rec.get("provenance", {})
+    print("provenance: " + ", ".join(f"{k}={prov[k]}" for k in sorted(prov) if k != "tolerances"))
+    print()
+    if "messages" in rec:
+        for msg in rec["messages"]:
+            print(f"--- {msg['role']} ---")
+            print(msg["content"])
+            print()
+    else:
+        print(rec.get("text", ""))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `trex ordata`."""
+    args = _parser().parse_args(argv)
+    if args.cmd == "generate":
+        return _generate(args)
+    if args.cmd == "merge":
+        return _merge(args)
+    return _show(args)

@@ -1,0 +1,726 @@
+"""Parent side of the sandbox: prepare a directory, start the guarded child, watch it, clean up."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import json
+import os
+import secrets
+import select
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from trex.sandbox._boot import CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER, CONFIG_KEYS
+from trex.sandbox.protocol import parse_protocol
+
+SCRIPT_NAME = "main.py"
+ID_VAR = "TREX_SANDBOX_ID"
+_ENV_ALLOW = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "GRB_LICENSE_FILE", "GUROBI_HOME",
+              "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_BOOT_SOURCE = (Path(__file__).with_name("_boot.py")).read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandboxed run (per process for CPU time and address space)."""
+
+    timeout_s: float = 20.0
+    """Wall-clock limit (s); the whole process tree is killed when it passes."""
+    cpu_s: int = 20
+    """CPU-time limit per process (s), RLIMIT_CPU (SIGXCPU)."""
+    memory_mb: int = 2048
+    """Address-space limit per process (MiB), RLIMIT_AS."""
+    max_processes: int = 64
+    """Processes the program may have at once (RLIMIT_NPROC in its user namespace; fork budget otherwise)."""
+    max_file_mb: int = 64
+    """Largest file the program may write (MiB), RLIMIT_FSIZE; also caps collected files."""
+    max_open_files: int = 256
+    """Open file descriptors, RLIMIT_NOFILE."""
+    network: bool = False
+    """Allow network access (default: none, own empty network namespace)."""
+    max_output_kb: int = 1024
+    """Captured stdout and stderr, each (KiB); a program that writes more is killed (output_limit)."""
+    allow_subprocess: bool = False
+    """Allow the program to run other programs (exec); off because exec'd programs escape the file guard."""
+    read_paths: tuple[str, ...] = ()
+    """Extra files or folders the program may read (the interpreter's own folders are always readable)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                raise ValueError(f"Limits.{f.name} must be > 0, got {value!r}")
+        if not isinstance(self.read_paths, tuple):
+            raise ValueError("Limits.read_paths must be a tuple of paths")
+
+
+@dataclass
+class SandboxResult:
+    """What a sandboxed run produced and how it ended."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    """Exit status when the program exited normally, else None."""
+    signal: int | None
+    """Signal that ended the program, else None."""
+    timed_out: bool
+    wall_s: float
+    killed_reason: str | None
+    """timeout, output_limit, cpu_limit, memory_limit, file_size_limit, process_limit or signal:NAME."""
+    result: dict[str, Any] | None
+    """The parsed protocol record (see :func:`trex.sandbox.parse_protocol`)."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Collected output files, by the relative name asked for (missing ones are absent)."""
+    mode: str = ""
+    """Isolation used: ``namespaces`` (kernel) or ``audit`` (audit-hook guard only)."""
+    process_limit: str = ""
+    """How ``max_processes`` was enforced: ``cgroup`` (pids.max), ``rlimit`` (RLIMIT_NPROC) or ``guard``."""
+    uid: int | None = None
+    """The unprivileged uid of its own the program ran as, when privileges were dropped."""
+
+    @property
+    def objective(self) -> float | None:
+        """Objective from the protocol record."""
+        return None if self.result is None else self.result.get("objective")
+
+    @property
+    def status(self) -> str | None:
+        """Solver status from the protocol record."""
+        return None if self.result is None else self.result.get("status")
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0, no signal, no timeout."""
+        return self.exit_code == 0 and self.signal is None and not self.timed_out
+
+
+# ---------------------------------------------------------------------------------------------
+# isolation mode
+
+
+_PROBE = "\n".join([
+    "import ctypes, os",
+    "libc = ctypes.CDLL(None, use_errno=True)",
+    "u, g = os.geteuid(), os.getegid()",  # before unshare: unmapped ids read as the overflow id after it
+    f"assert libc.unshare({CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET}) == 0",
+    "for name, data in (('setgroups', 'deny'), ('uid_map', f'{u} {u} 1'), ('gid_map', f'{g} {g} 1')):",
+    "    fd = os.open('/proc/self/' + name, os.O_WRONLY)",
+    "    os.write(fd, data.encode())",
+    "    os.close(fd)",
+    "pid = os.fork()",  # the first child becomes PID 1 of the new namespace
+    "if pid == 0:",
+    "    os._exit(0)",
+    "assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0",
+])
+
+
+@functools.cache
+def namespaces_available() -> bool:
+    """Whether this kernel lets us create user+PID+network namespaces (probed once, in a child process)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        probe = subprocess.run([sys.executable, "-I", "-c", _PROBE], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+DROP_VAR = "TREX_SANDBOX_DROP_UID"
+# Runs that drop privileges get a uid of their own from this range (not in /etc/passwd).
+RUN_UID_BASE = 0x5A000000
+RUN_UID_SPAN = 1 << 24
+_DROP_PROBE = "\n".join([
+    "import os, sys, json, socket, signal, resource, ctypes, types, selectors, fcntl",
+    "for p in sys.path:",
+    "    if os.path.isdir(p):",
+    "        os.listdir(p)",
+    "assert os.access(sys.argv[1], os.X_OK), 'temporary directory not traversable'",
+])
+
+
+@functools.cache
+def uid_drop_available(python: str) -> bool:
+    """Whether runs can drop to a uid of their own: we are root and that uid can start ``python``.
+
+    Probed once per interpreter by starting it as an unprivileged uid (it fails where the
+    interpreter or its site-packages live in a folder only their owner may read).
+    """
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return False
+    probe_uid = RUN_UID_BASE + RUN_UID_SPAN  # just past the run range
+    try:
+        probe = subprocess.run([python, "-I", "-c", _DROP_PROBE, tempfile.gettempdir()], user=probe_uid,
+                               group=probe_uid, extra_groups=[], cwd="/", stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
+
+
+def _prepare_for_uid(root: Path, work: Path, uid: int) -> None:
+    """Let ``uid`` traverse the run's root folder and own its work folder."""
+    os.chmod(root, 0o711)
+    for path in [work, *work.rglob("*")]:
+        os.lchown(path, uid, uid)
+
+
+MODE_VAR = "TREX_SANDBOX_MODE"
+CGROUP_VAR = "TREX_SANDBOX_CGROUP"
+
+
+def isolation_mode() -> str:
+    """``namespaces`` where the kernel allows it, else ``audit``; ``TREX_SANDBOX_MODE`` may force one."""
+    wanted = os.environ.get(MODE_VAR, "auto")
+    if wanted not in ("auto", "namespaces", "audit"):
+        raise ValueError(f"{MODE_VAR} must be auto, namespaces or audit, got {wanted!r}")
+    if wanted == "audit":
+        return "audit"
+    if namespaces_available():
+        return "namespaces"
+    if wanted == "namespaces":
+        raise RuntimeError(f"{MODE_VAR}=namespaces but this kernel does not allow user namespaces here")
+    return "audit"
+
+
+@functools.cache
+def pids_cgroup_base() -> Path | None:
+    """The writable cgroup (v1 ``pids`` hierarchy, or v2 with ``pids`` delegated) we may nest runs under."""
+    try:
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    v1 = next((ln.split(":", 2)[2] for ln in own if "pids" in ln.split(":", 2)[1].split(",")), None)
+    v2 = next((ln.split(":", 2)[2] for ln in own if ln.startswith("0::")), None)
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        fstype, _, opts = [*right.split(" "), "", "", ""][:3]
+        mountpoint = left.split(" ")[4]
+        if fstype == "cgroup" and "pids" in opts.split(",") and v1 is not None:
+            base = Path(mountpoint) / v1.lstrip("/")
+        elif fstype == "cgroup2" and v2 is not None:
+            base = Path(mountpoint) / v2.lstrip("/")
+            try:
+                if "pids" not in (base / "cgroup.subtree_control").read_text().split():
+                    continue
+            except OSError:
+                continue
+        else:
+            continue
+        if (base / "cgroup.procs").exists() and os.access(base, os.W_OK):
+            return base
+    return None
+
+
+CGROUP_PREFIX = "trex-sandbox-"
+# rmdir only succeeds on an empty cgroup; an empty one this old is not between creation and use.
+STALE_CGROUP_S = 600.0
+_PENDING_CGROUPS: list[Path] = []
+_PENDING_LOCK = threading.Lock()
+
+
+@functools.cache
+def _sweep_stale_cgroups(base: Path) -> None:
+    """Once per process: remove empty run cgroups left by processes that died before cleaning up."""
+    now = time.time()
+    for cg in base.glob(CGROUP_PREFIX + "*"):
+        try:
+            if now - cg.stat().st_mtime > STALE_CGROUP_S:
+                cg.rmdir()  # fails harmlessly while a process is still inside
+        except OSError:
+            pass
+
+
+def _make_cgroup(sandbox_id: str, max_processes: int) -> Path | None:
+    """A per-run pids cgroup with ``pids.max``; None where cgroups are not writable here."""
+    if os.environ.get(CGROUP_VAR, "auto") == "off":
+        return None
+    base = pids_cgroup_base()
+    if base is None:
+        return None
+    _sweep_stale_cgroups(base)
+    with _PENDING_LOCK:
+        pending = list(_PENDING_CGROUPS)
+        _PENDING_CGROUPS.clear()
+    for old in pending:
+        _remove_cgroup(old, wait_s=0.0)
+    cg = base / f"{CGROUP_PREFIX}{sandbox_id}"
+    try:
+        cg.mkdir()
+    except OSError:
+        return None
+    try:
+        (cg / "pids.max").write_text(str(max_processes))
+        return cg
+    except OSError:
+        _remove_cgroup(cg)
+        return None
+
+
+def _remove_cgroup(cg: Path, wait_s: float = 5.0) -> None:
+    """rmdir the run's cgroup, SIGKILLing what is still inside; retried later if it stays busy."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cg.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass
+        try:
+            pids = [int(p) for p in (cg / "cgroup.procs").read_text().split()]
+        except OSError:
+            pids = []
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        if time.monotonic() >= deadline:
+            with _PENDING_LOCK:
+                _PENDING_CGROUPS.append(cg)
+            return
+        time.sleep(0.005)
+
+
+@atexit.register
+def _remove_pending_cgroups() -> None:
+    with _PENDING_LOCK:
+        pending = list(_PENDING_CGROUPS)
+        _PENDING_CGROUPS.clear()
+    for cg in pending:
+        _remove_cgroup(cg, wait_s=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _boot_args(cfg: dict[str, Any]) -> list[str]:
+    """The bootstrap's argv (see ``_boot.CONFIG_KEYS``): no JSON, the child starts faster without it."""
+    fixed = [cfg[k] for k in CONFIG_KEYS]  # booleans as "1"/"0"
+    return [("1" if v else "0") if isinstance(v, bool) else str(v) for v in fixed] + list(cfg["read"])
+
+
+def _safe_relpath(name: str, what: str) -> str:
+    p = Path(name)
+    if not name or p.is_absolute() or ".." in p.parts:
+        raise ValueError(f"{what}: {name!r} must be a relative path inside the sandbox")
+    return str(p)
+
+
+def _child_env(home: str, sandbox_id: str, extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": home,
+           "LANG": "C.UTF-8", ID_VAR: sandbox_id}
+    env.update({k: os.environ[k] for k in _ENV_ALLOW if k in os.environ})
+    for k in _THREAD_VARS:
+        env.setdefault(k, "1")
+    for k, v in (extra or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ValueError(f"env: {k!r} must map a string to a string")
+        env[k] = v
+    env[ID_VAR] = sandbox_id
+    return env
+
+
+def _pump(out_fd: int, err_fd: int, exited: Callable[[], bool], deadline: float,
+          cap: int) -> tuple[bytes, bytes, bool, bool]:
+    """Read stdout/stderr until EOF, the deadline or the size cap; returns (out, err, timed_out, overflow)."""
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    sel = selectors.DefaultSelector()
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    timed_out = overflow = False
+    exited_at: float | None = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+                break
+            if exited_at is None and exited():
+                exited_at = now
+            if exited_at is not None and now - exited_at > 0.5:
+                break  # pipes held open by a leftover background process
+            for key, _ in sel.select(timeout=min(deadline - now, 0.1)):
+                fd = int(key.fd)
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(fd)
+                    continue
+                bufs[fd] += chunk
+                if len(bufs[fd]) > cap:
+                    overflow = True
+            if overflow:
+                break
+    finally:
+        sel.close()
+    return bytes(bufs[out_fd]), bytes(bufs[err_fd]), timed_out, overflow
+
+
+def _decode(data: bytes, cap: int) -> str:
+    if len(data) <= cap:
+        return data.decode("utf-8", errors="replace")
+    head = data[:cap].decode("utf-8", errors="replace")
+    return head + f"\n[trex.sandbox: output truncated at {cap} bytes]\n"
+
+
+def _processes_with_marker(marker: bytes) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                if marker in fh.read():
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _kill_tree(pgid: int, mode: str, sandbox_id: str) -> None:
+    """SIGKILL the process group; in audit mode also every process carrying this run's marker."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if mode != "audit" or not Path("/proc/self/environ").exists():
+        return  # namespaces: the kernel kills the whole PID namespace when its init dies
+    marker = f"{ID_VAR}={sandbox_id}\0".encode()
+    for _ in range(100):
+        pids = [p for p in _processes_with_marker(marker) if p != os.getpid()]
+        if not pids:
+            return
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+
+
+def classify(*, timed_out: bool, overflow: bool, exit_code: int | None, sig: int | None, stderr: str) -> str | None:
+    """Why a run ended abnormally, from the evidence only (pure)."""
+    if timed_out:
+        return "timeout"
+    if overflow:
+        return "output_limit"
+    if sig is not None:
+        if sig == signal.SIGXCPU:
+            return "cpu_limit"
+        if sig == signal.SIGXFSZ:
+            return "file_size_limit"
+        try:
+            return f"signal:{signal.Signals(sig).name}"
+        except ValueError:
+            return f"signal:{sig}"
+    if exit_code in (0, None):
+        return None
+    tail = stderr[-4000:]
+    last = tail.strip().splitlines()[-1] if tail.strip() else ""
+    if last.startswith("MemoryError") or "Cannot allocate memory" in tail:
+        return "memory_limit"
+    if "File too large" in tail:
+        return "file_size_limit"
+    if "Resource temporarily unavailable" in tail or "process limit reached" in tail:
+        return "process_limit"
+    return None
+
+
+def _collect(workdir: Path, names: Sequence[str], max_bytes: int) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for name in names:
+        path = workdir / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            real = Path(os.readlink(f"/proc/self/fd/{fd}")) if Path("/proc/self/fd").exists() else path.resolve()
+            if not str(real).startswith(str(workdir.resolve()) + os.sep):
+                continue
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                out[name] = fh.read(max_bytes)
+        finally:
+            os.close(fd)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+class _Exec:
+    """A run started as a fresh interpreter (``python -I -c <bootstrap> <config>``)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
+            start_new_session=True, close_fds=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.out_fd, self.err_fd = self.proc.stdout.fileno(), self.proc.stderr.fileno()
+        self.pgid = self.proc.pid
+
+    def exited(self) -> bool:
+        return self.proc.poll() is not None
+
+    def wait(self) -> tuple[int | None, int | None]:
+        rc = self.proc.wait()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return (rc, None) if rc >= 0 else (None, -rc)
+
+
+class ZygoteUnavailable(RuntimeError):
+    """The fork server could not take a run (the caller falls back to a fresh interpreter)."""
+
+
+class _Zygote:
+    """A fork server: one pristine ``python -I`` per interpreter path that forks a process per run.
+
+    It saves the interpreter start-up of every run. Each run's process is forked from a state that
+    never ran user code, then does exactly what a fresh bootstrap does (session, cgroup,
+    namespaces, limits, guard). Runs share the interpreter's hash seed.
+    """
+
+    def __init__(self, python: str) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-I", "-c", _BOOT_SOURCE, "--zygote", str(child.fileno())], pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, start_new_session=True,
+            )
+        finally:
+            child.close()
+        self.sock = parent
+        self.owner = os.getpid()
+        self.lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.proc.poll() is None
+
+    def send(self, payload: bytes, fds: list[int]) -> None:
+        with self.lock:
+            socket.send_fds(self.sock, [payload], fds)
+
+    def close(self) -> None:
+        if self.owner != os.getpid():
+            return
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_ZYGOTES: dict[str, _Zygote] = {}
+_ZYGOTE_LOCK = threading.Lock()
+ZYGOTE_VAR = "TREX_SANDBOX_ZYGOTE"
+
+
+def _zygote_for(python: str) -> _Zygote:
+    with _ZYGOTE_LOCK:
+        z = _ZYGOTES.get(python)
+        if z is None or not z.alive():
+            z = _ZYGOTES[python] = _Zygote(python)
+        return z
+
+
+@atexit.register
+def _close_zygotes() -> None:
+    with _ZYGOTE_LOCK:
+        for z in _ZYGOTES.values():
+            z.close()
+        _ZYGOTES.clear()
+
+
+class _Forked:
+    """A run forked by the zygote; its status comes back on a pipe (``pid N``, then ``status e|s N``)."""
+
+    def __init__(self, zygote: _Zygote, argv: list[str], env: dict[str, str]) -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        st_r, st_w = os.pipe()
+        try:
+            zygote.send(json.dumps({"argv": argv, "env": env}).encode(), [out_w, err_w, st_w])
+        except OSError as exc:
+            for fd in (out_r, err_r, st_r):
+                os.close(fd)
+            raise ZygoteUnavailable(str(exc)) from exc
+        finally:
+            for fd in (out_w, err_w, st_w):
+                os.close(fd)
+        self.out_fd, self.err_fd, self.st_fd = out_r, err_r, st_r
+        self.buf = b""
+        self.eof = False
+        line = self._read_line(deadline=time.monotonic() + 30.0)
+        if not line.startswith(b"pid "):
+            self.close()
+            raise ZygoteUnavailable("the fork server did not start the run")
+        self.pgid = int(line.split()[1])
+
+    def _read_line(self, deadline: float) -> bytes:
+        while b"\n" not in self.buf and not self.eof:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if not select.select([self.st_fd], [], [], remaining)[0]:
+                continue
+            chunk = os.read(self.st_fd, 256)
+            if not chunk:
+                self.eof = True
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
+
+    def exited(self) -> bool:
+        if b"\n" in self.buf or self.eof:
+            return True
+        if select.select([self.st_fd], [], [], 0)[0]:
+            chunk = os.read(self.st_fd, 256)
+            self.eof = not chunk
+            self.buf += chunk
+        return b"\n" in self.buf or self.eof
+
+    def wait(self) -> tuple[int | None, int | None]:
+        line = self._read_line(deadline=time.monotonic() + 30.0)
+        self.close()
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == b"status" and parts[2].isdigit():
+            return (int(parts[2]), None) if parts[1] == b"e" else (None, int(parts[2]))
+        return None, int(signal.SIGKILL)  # killed before it could report
+
+    def close(self) -> None:
+        for fd in (self.out_fd, self.err_fd, self.st_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _use_zygote(mode: str) -> bool:
+    wanted = os.environ.get(ZYGOTE_VAR, "auto")
+    return mode == "namespaces" and wanted != "off" and hasattr(socket, "send_fds")
+
+
+def run_python(
+    code: str,
+    *,
+    limits: Limits = Limits(),
+    files: Mapping[str, str | bytes] | None = None,
+    collect: Sequence[str] = (),
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SandboxResult:
+    """Run ``code`` as ``__main__`` in a fresh, isolated child interpreter and return what happened."""
+    if not isinstance(code, str):
+        raise ValueError("code must be a string of Python source")
+    names = [_safe_relpath(n, "collect") for n in collect]
+    inputs = {_safe_relpath(k, "files"): v for k, v in (files or {}).items()}
+    if SCRIPT_NAME in inputs:
+        raise ValueError(f"files: {SCRIPT_NAME!r} is reserved for the program")
+    mode = isolation_mode()
+    sandbox_id = uuid.uuid4().hex
+    interpreter = python or sys.executable
+    root = Path(tempfile.mkdtemp(prefix="trex-sandbox-"))
+    cgroup: Path | None = None
+    try:
+        work = root / "work"
+        work.mkdir()
+        for name, content in inputs.items():
+            target = work / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content.encode() if isinstance(content, str) else bytes(content))
+        (work / SCRIPT_NAME).write_text(code, encoding="utf-8")
+        cgroup = _make_cgroup(sandbox_id, limits.max_processes)
+        drop = mode == "namespaces" and os.environ.get(DROP_VAR, "auto") != "off" and uid_drop_available(interpreter)
+        run_uid = RUN_UID_BASE + secrets.randbelow(RUN_UID_SPAN) if drop else None
+        if run_uid is not None:
+            _prepare_for_uid(root, work, run_uid)
+        nproc = limits.max_processes if (mode == "namespaces" and (drop or os.geteuid() != 0)) else 0
+        cfg: dict[str, Any] = {
+            "dir": str(work), "script": SCRIPT_NAME, "mode": mode, "counter": str(root / "proc_count"),
+            "count_forks": cgroup is None and nproc == 0,
+            "read": [os.path.abspath(p) for p in limits.read_paths], "network": limits.network,
+            "allow_subprocess": limits.allow_subprocess, "max_processes": limits.max_processes,
+            "cgroup": str(cgroup) if cgroup is not None else "",
+            "rlimits": f"{limits.cpu_s},{limits.memory_mb},{limits.max_file_mb},{limits.max_open_files},{nproc}",
+            "uid": "" if run_uid is None else str(run_uid),
+        }
+        lic = os.environ.get("GRB_LICENSE_FILE")
+        if lic:
+            cfg["read"].append(os.path.abspath(lic))
+        args = _boot_args(cfg)
+        child_env = _child_env(str(work), sandbox_id, env)
+        cap = limits.max_output_kb * 1024
+        start = time.monotonic()
+        run: _Exec | _Forked
+        try:
+            if not _use_zygote(mode):
+                raise ZygoteUnavailable("disabled")
+            run = _Forked(_zygote_for(interpreter), args, child_env)
+        except ZygoteUnavailable:
+            run = _Exec([interpreter, "-I", "-c", _BOOT_SOURCE, *args], child_env, work)
+        try:
+            out, err, timed_out, overflow = _pump(run.out_fd, run.err_fd, run.exited, start + limits.timeout_s, cap)
+        finally:
+            # A forked run that reported its status left nothing behind (its PID namespace is gone)
+            # and its process, reaped already, may have lent its number to another group.
+            if isinstance(run, _Exec) or not run.exited():
+                _kill_tree(run.pgid, mode, sandbox_id)
+            exit_code, sig = run.wait()
+        wall = time.monotonic() - start
+        stdout, stderr = _decode(out, cap), _decode(err, cap)
+        reason = classify(timed_out=timed_out, overflow=overflow, exit_code=exit_code, sig=sig, stderr=stderr)
+        return SandboxResult(
+            stdout=stdout, stderr=stderr, exit_code=exit_code, signal=sig, timed_out=timed_out, wall_s=wall,
+            killed_reason=reason, result=parse_protocol(stdout),
+            files=_collect(work, names, limits.max_file_mb << 20), mode=mode, uid=run_uid,
+            process_limit="cgroup" if cgroup is not None else ("guard" if cfg["count_forks"] else "rlimit"),
+        )
+    finally:
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def run_python_async(
+    code: str,
+    *,
+    limits: Limits = Limits(),
+    files: Mapping[str, str | bytes] | None = None,
+    collect: Sequence[str] = (),
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SandboxResult:
+    """:func:`run_python` on a worker thread, so an event loop can run many sandboxes at once."""
+    call: Any = functools.partial(run_python, code, limits=limits, files=files, collect=collect, python=python, env=env)
+    return await asyncio.get_running_loop().run_in_executor(None, call)
