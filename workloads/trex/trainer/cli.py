@@ -1,0 +1,142 @@
+"""`trex train --config cfg.yaml [--max-steps N] [--out DIR]`: run the trainer on the local device.
+
+The YAML is a whole TrainerConfig or a file with a `trainer:` section (e.g. a TrainJob spec excerpt);
+without --config, TREX_CONFIG from the pod env contract names it. Exit codes: 0 done, 1 failure,
+2 bad config (one line naming the field), 143 stopped by SIGTERM after a final checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from typing import Any
+
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_TERMINATED = 0, 1, 2, 143
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trex train", description="Train a model from a TrainerConfig YAML.")
+    p.add_argument("--config", help="TrainerConfig YAML (whole file or its `trainer:` section); default TREX_CONFIG")
+    p.add_argument("--max-steps", type=int, default=None, help="override maxSteps")
+    p.add_argument("--out", default=".", help="output directory (relative checkpoint dir, tokenizer cache)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (default: logging.metricsPort or TREX_METRICS_PORT)")
+    return p
+
+
+def load_config(path: str, max_steps: int | None) -> Any:
+    """TrainerConfig from ``path``; raises ValueError with one line naming the field."""
+    import yaml
+    from pydantic import ValidationError
+
+    from trex.config_base import format_validation_error, load_yaml_config
+    from trex.trainer.config import TrainerConfig
+
+    try:
+        cfg = load_yaml_config(TrainerConfig, path, section="trainer")
+    except FileNotFoundError:
+        raise ValueError(f"--config: {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config: {path} is not valid YAML ({str(e).splitlines()[0]})") from None
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e)[0]) from None
+    if max_steps is not None:
+        if max_steps <= 0:
+            raise ValueError(f"--max-steps: must be positive, got {max_steps}")
+        cfg = cfg.model_copy(update={"max_steps": max_steps})
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `trex train`."""
+    args = _parser().parse_args(argv)
+    from trex.runtime.env import read_env
+
+    try:
+        env = read_env()
+    except ValueError as e:
+        print(f"trex train: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    path = args.config or env.config_path
+    if not path:
+        print("trex train: --config is required (or set TREX_CONFIG)", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        cfg = load_config(path, args.max_steps)
+    except ValueError as e:
+        print(f"trex train: invalid config: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    from trex.telemetry.progress import Progress
+    from trex.telemetry.summary import write_termination_summary
+    from trex.trainer.loop import ConfigProblem, Trainer, finite_or_none, install_sigterm
+
+    start = time.time()
+    port = args.metrics_port
+    if port is None:
+        port = cfg.logging.metrics_port or env.metrics_port or None
+    summary: dict[str, Any] = {"kind": "TrainJob", "job": env.job_name, "attempt": env.attempt, "rank": env.rank}
+    group = None
+    try:
+        if env.world_size > 1:
+            group = _join_job(env, cfg.device)
+        trainer = Trainer(cfg, args.out, group=group, job_name=env.job_name, metrics_port=port)
+    except ConfigProblem as e:
+        print(f"trex train: invalid config: {e}", file=sys.stderr)
+        _leave(group)
+        return EXIT_CONFIG
+    except Exception as e:
+        traceback.print_exc()
+        summary.update(result="Failed", error=f"{type(e).__name__}: {e}")
+        write_termination_summary(summary)
+        _leave(group)
+        return EXIT_FAILURE
+    install_sigterm(trainer)
+    try:
+        with Progress("train", cfg.max_steps, every_s=0.0) as progress:
+            progress.done = (trainer.ckpt.latest_step() or 0) if cfg.checkpoint.resume else 0
+            result = trainer.run(cfg.max_steps, progress=progress if trainer.rank == 0 else None)
+    except Exception as e:
+        traceback.print_exc()
+        summary.update(result="Failed", error=f"{type(e).__name__}: {e}", step=trainer.step,
+                       last_checkpoint=trainer.last_checkpoint)
+        write_termination_summary(summary)
+        _leave(group)
+        return EXIT_FAILURE
+    _leave(group)
+    summary.update(
+        result="Interrupted" if result.interrupted else "Succeeded", step=result.final_step,
+        max_steps=cfg.max_steps, loss=finite_or_none(result.loss), mfu=finite_or_none(result.mfu),
+        last_checkpoint=result.last_checkpoint, skipped_steps=result.skipped_steps, spikes=result.spikes,
+        tokens=trainer.tokens_seen, seconds=round(time.time() - start, 3),
+    )
+    if trainer.telemetry is not None:
+        summary.update(peak_flops=trainer.telemetry.peak_flops, peak_source=trainer.telemetry.peak_source,
+                       flops_convention=trainer.telemetry.convention)
+    write_termination_summary(summary)
+    loss_s = f"{result.loss:.4f}" if result.loss is not None else "n/a"
+    mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"
+    print(f"trex train: {summary['result'].lower()} at step {result.final_step}/{cfg.max_steps}, loss {loss_s}, "
+          f"MFU {mfu_s}, last checkpoint {result.last_checkpoint}", file=sys.stderr)
+    return EXIT_TERMINATED if result.interrupted else EXIT_OK
+
+
+def _join_job(env: Any, device: str) -> Any:
+    """Join the job's process group from the pod env contract (MASTER_ADDR/PORT, WORLD_SIZE, RANK)."""
+    import os
+
+    from trex.runtime.device import init_distributed, local_rank, select_device
+
+    lr = local_rank(env.rank, env.nproc_per_node)
+    os.environ.setdefault("LOCAL_RANK", str(lr))
+    kind = select_device(device, local_rank=lr).kind
+    return init_distributed(kind, env.rank, env.world_size, env.master_addr, env.master_port)
+
+
+def _leave(group: Any) -> None:
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()

@@ -1,0 +1,105 @@
+"""Encode documents (plain text or chat) and pack them into fixed-length sequences, keeping boundaries.
+
+A packed window of T tokens carries: input_ids; doc_ids (0, 1, ... per document fragment in the
+window); position_ids restarting at 0 for every fragment; labels = the next token when it belongs to
+the same document and is a loss token, else -100; loss_mask = (labels != -100).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+IGNORE = -100
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class EncodedDoc:
+    """Token ids of one document and which of them are loss targets (1) or context only (0)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+
+
+def _special(tok: Tokenizer, name: str) -> int:
+    i = tok.token_to_id(name)
+    if i is None:
+        raise ValueError(f"tokenizer has no special token {name}")
+    return int(i)
+
+
+def encode_text(tok: Tokenizer, text: str) -> EncodedDoc:
+    """<|bos|> text <|eos|>, every token a target."""
+    ids = [_special(tok, "<|bos|>"), *tok.encode(text, add_special_tokens=False).ids, _special(tok, "<|eos|>")]
+    return EncodedDoc(np.asarray(ids, dtype=np.int64), np.ones(len(ids), dtype=np.int8))
+
+
+def encode_chat(tok: Tokenizer, messages: Sequence[dict[str, Any]]) -> EncodedDoc:
+    """Chat template: <|bos|> then per message <|role|> content <|end|>, then <|eos|>.
+
+    Loss only on assistant content and the assistant's closing <|end|> (the model learns to stop).
+    """
+    ids: list[int] = [_special(tok, "<|bos|>")]
+    mask: list[int] = [0]
+    end = _special(tok, "<|end|>")
+    for i, m in enumerate(messages):
+        role = m["role"]
+        if role not in ROLES:
+            raise ValueError(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
+        body = tok.encode(m["content"], add_special_tokens=False).ids
+        target = 1 if role == "assistant" else 0
+        ids += [_special(tok, f"<|{role}|>"), *body, end]
+        mask += [0] + [target] * len(body) + [target]
+    ids.append(_special(tok, "<|eos|>"))
+    mask.append(0)
+    return EncodedDoc(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8))
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Documents concatenated: token ids, per-token loss mask and per-token document index."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    doc: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def concat(docs: Sequence[EncodedDoc], order: Sequence[int] | np.ndarray) -> Stream:
+    """Concatenate ``docs`` in ``order`` into one stream."""
+    parts = [docs[i] for i in order]
+    ids = np.concatenate([d.ids for d in parts]) if parts else np.zeros(0, np.int64)
+    mask = np.concatenate([d.mask for d in parts]) if parts else np.zeros(0, np.int8)
+    doc = np.repeat(np.arange(len(parts), dtype=np.int64), [len(d.ids) for d in parts])
+    return Stream(ids, mask, doc)
+
+
+def window(stream: Stream, start: int, seq_len: int) -> dict[str, np.ndarray]:
+    """The packed sequence of ``seq_len`` tokens at ``start`` (needs start + seq_len + 1 <= len(stream))."""
+    end = start + seq_len
+    if end + 1 > len(stream):
+        raise ValueError(f"window [{start}, {end}] runs past the stream ({len(stream)} tokens)")
+    ids = stream.ids[start:end]
+    doc = stream.doc[start:end]
+    nxt_doc = stream.doc[start + 1:end + 1]
+    same = nxt_doc == doc
+    labels = np.where(same & (stream.mask[start + 1:end + 1] > 0), stream.ids[start + 1:end + 1], IGNORE)
+    new_frag = np.ones(seq_len, dtype=bool)
+    new_frag[1:] = doc[1:] != doc[:-1]
+    local_doc = np.cumsum(new_frag) - 1
+    frag_start = np.maximum.accumulate(np.where(new_frag, np.arange(seq_len), 0))
+    positions = np.arange(seq_len) - frag_start
+    return {
+        "input_ids": ids.astype(np.int64),
+        "labels": labels.astype(np.int64),
+        "position_ids": positions.astype(np.int64),
+        "doc_ids": local_doc.astype(np.int64),
+        "loss_mask": (labels != IGNORE).astype(np.float32),
+    }

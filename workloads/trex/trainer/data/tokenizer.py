@@ -1,0 +1,58 @@
+"""Tokenizer: load a tokenizer.json, or train a byte-level BPE on the corpus and cache it (atomically)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+)
+"""Specials every trainer tokenizer has (ids 0..6 when trained here): padding, document bounds, chat roles."""
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE (every byte representable, specials first) on ``texts``."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def check_specials(tok: Tokenizer, where: str) -> None:
+    """A tokenizer must know every special token the trainer uses."""
+    missing = [s for s in SPECIAL_TOKENS if tok.token_to_id(s) is None]
+    if missing:
+        raise ValueError(f"{where}: tokenizer lacks special tokens {missing}")
+
+
+def load_or_train(path: str | None, texts: Iterable[str], vocab_size: int, cache_dir: Path,
+                  corpus_id: str) -> Tokenizer:
+    """``path`` when given, else the cached BPE for (corpus, vocab) in ``cache_dir``, training it on a miss."""
+    if path is not None:
+        if not Path(path).is_file():
+            raise ValueError(f"data.tokenizer.path: {path} does not exist")
+        tok = Tokenizer.from_file(path)
+        check_specials(tok, "data.tokenizer.path")
+        return tok
+    key = hashlib.sha256(f"{corpus_id}:{vocab_size}:{','.join(SPECIAL_TOKENS)}".encode()).hexdigest()[:16]
+    cached = cache_dir / f"tokenizer-{key}.json"
+    if cached.is_file():
+        return Tokenizer.from_file(str(cached))
+    tok = train_bpe(texts, vocab_size)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".tmp{os.getpid()}")
+    tok.save(str(tmp))
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, cached)
+    return tok

@@ -1,0 +1,519 @@
+"""The training loop: device, seed, data, model, optimizers, resume; then guarded steps, checkpoints, telemetry.
+
+One optimizer step = gradient accumulation over micro-batches (batch ramp), NaN/Inf guard, global
+clip, Muon + AdamW step at the scheduled LR, aux-loss-free expert-bias update from the summed expert
+counts, spike detection (which switches anticipatory routing on for a window of steps), metrics, and
+periodic checkpoints. Process groups are passed in, never taken from globals.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trex.runtime.device import (
+    DeviceInfo,
+    rng_state,
+    seed_everything,
+    select_device,
+    set_deterministic,
+    set_rng_state,
+    supports_dtype,
+)
+from trex.trainer.checkpoint import CheckpointManager, config_hash
+from trex.trainer.config import TrainerConfig, resolved_model_values
+from trex.trainer.data.build import build_data
+from trex.trainer.data.sources import DataError
+from trex.trainer.optim.build import (
+    Optimizers,
+    apply_hparams,
+    build_optimizers,
+    clip_grad_norm,
+    resolve_ns_dtype,
+    schedule_factor,
+)
+from trex.trainer.optim.schedule import global_batch_at, micro_steps, seq_len_at
+from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
+
+
+class ConfigProblem(ValueError):
+    """A configuration value that cannot work; ``field`` is its dotted camelCase path."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+
+
+def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
+    """Cross-field checks the schema cannot express: batch sizes vs micro-batch x dp, sequence lengths."""
+    out: list[tuple[str, str]] = []
+    per_step = cfg.data.micro_batch_size * dp
+    if cfg.data.global_batch_size % per_step:
+        out.append(("data.globalBatchSize", f"{cfg.data.global_batch_size} is not a multiple of "
+                    f"microBatchSize x dp = {per_step}"))
+    for i, r in enumerate(cfg.optimizer.batch_ramp):
+        if r.global_batch_size % per_step:
+            out.append((f"optimizer.batchRamp[{i}].globalBatchSize", f"{r.global_batch_size} is not a multiple of "
+                        f"data.microBatchSize x dp = {per_step}"))
+    max_len = int(str(resolved_model_values(cfg.model)["max_seq_len"]))
+    if cfg.data.seq_len > max_len:
+        out.append(("data.seqLen", f"{cfg.data.seq_len} exceeds the model's maxSeqLen {max_len}"))
+    for i, c in enumerate(cfg.data.seq_len_curriculum):
+        if c.seq_len > max_len:
+            out.append((f"data.seqLenCurriculum[{i}].seqLen", f"{c.seq_len} exceeds the model's maxSeqLen {max_len}"))
+    if cfg.mode == "opd":
+        out.append(("mode", "'opd' (on-policy distillation) is not run by `trex train`; use pretrain, cpt or sft"))
+    if cfg.data.tokenizer.path is not None and not Path(cfg.data.tokenizer.path).is_file():
+        out.append(("data.tokenizer.path", f"{cfg.data.tokenizer.path} does not exist"))
+    if cfg.data.train is not None and not Path(cfg.data.train).exists():
+        out.append(("data.train", f"{cfg.data.train} does not exist"))
+    if cfg.checkpoint.init_from_hf is not None and not Path(cfg.checkpoint.init_from_hf).is_dir():
+        out.append(("checkpoint.initFromHf", f"{cfg.checkpoint.init_from_hf} is not a directory"))
+    p = cfg.parallelism
+    for name in ("tp", "pp", "ep", "etp"):
+        if getattr(p, name) != 1:
+            out.append((f"parallelism.{name}", f"{getattr(p, name)}: `trex train` runs data parallelism only; "
+                        "set 1"))
+    if p.dp is not None and p.dp != dp:
+        out.append(("parallelism.dp", f"{p.dp} does not match the {dp} data-parallel rank(s) of this run"))
+    if cfg.optimizer.swap.enabled:
+        out.append(("optimizer.swap.enabled", "the swap optimizer is not part of `trex train`; set false"))
+    return out
+
+
+@dataclass
+class StepRecord:
+    """Metrics of one optimizer step."""
+
+    step: int
+    loss: float
+    parts: dict[str, float]
+    grad_norm: float
+    lr: dict[str, float]
+    tokens: int
+    seconds: float
+    skipped: bool
+    spike: bool
+    anticipatory: bool
+    load_cv: float
+    seq_len: int
+    global_batch: int
+    compute_seconds: float = 0.0
+    """Data, forward and backward of all micro-batches."""
+    optimizer_seconds: float = 0.0
+    """Gradient sync, clipping, optimizer step and expert-bias update."""
+
+
+@dataclass
+class TrainResult:
+    """How a run ended."""
+
+    final_step: int
+    loss: float | None
+    mfu: float | None
+    last_checkpoint: int | None
+    skipped_steps: int
+    spikes: int
+    interrupted: bool = False
+    history: list[StepRecord] = field(default_factory=list)
+
+
+def load_cv(counts: torch.Tensor) -> float:
+    """Mean over MoE layers of std/mean of per-expert token counts (0 = perfectly balanced)."""
+    if counts.numel() == 0:
+        return 0.0
+    c = counts.double()
+    mean = c.mean(-1).clamp(min=1e-12)
+    return float((c.std(-1, unbiased=False) / mean).mean())
+
+
+@dataclass
+class Telemetry:
+    """Prometheus gauges, the JSONL log and the MFU denominator of one run."""
+
+    exporter: Any
+    jsonl: Any
+    job: str
+    device_label: str
+    convention: str
+    flops_per_token: float
+    peak_flops: float
+    peak_source: str
+
+    def record(self, rec: StepRecord, mfu: float, last_ckpt: int | None) -> None:
+        """Publish one step."""
+        e, job = self.exporter, self.job
+        e.metric("trex_train_step", job_name=job).set(rec.step)
+        if not rec.skipped:
+            e.metric("trex_train_loss", job_name=job).set(rec.loss)
+            e.metric("trex_train_grad_norm", job_name=job).set(rec.grad_norm)
+        e.metric("trex_train_lr", job_name=job).set(rec.lr.get("muon", rec.lr.get("adamw", 0.0)))
+        e.metric("trex_train_tokens_per_second", job_name=job).set(rec.tokens / max(rec.seconds, 1e-9))
+        e.metric("trex_train_step_seconds", job_name=job).set(rec.seconds)
+        e.metric("trex_train_mfu", job_name=job, device=self.device_label, flops_convention=self.convention).set(mfu)
+        e.metric("trex_train_expert_load_cv", job_name=job).set(rec.load_cv)
+        e.metric("trex_train_anticipatory_routing", job_name=job).set(1.0 if rec.anticipatory else 0.0)
+        if rec.skipped:
+            e.metric("trex_train_skipped_steps_total", job_name=job).inc()
+        if rec.spike:
+            e.metric("trex_train_spikes_total", job_name=job).inc()
+        if last_ckpt is not None:
+            e.metric("trex_train_last_checkpoint_step", job_name=job).set(last_ckpt)
+        self.jsonl.write({
+            "step": rec.step, "loss": rec.loss, **{f"loss_{k}": v for k, v in rec.parts.items()},
+            "grad_norm": rec.grad_norm, **{f"lr_{k}": v for k, v in rec.lr.items()}, "tokens": rec.tokens,
+            "step_seconds": rec.seconds, "compute_seconds": rec.compute_seconds,
+            "optimizer_seconds": rec.optimizer_seconds, "tokens_per_second": rec.tokens / max(rec.seconds, 1e-9), "mfu": mfu,
+            "skipped": rec.skipped, "spike": rec.spike, "anticipatory": rec.anticipatory,
+            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch,
+        })
+
+
+class Trainer:
+    """Owns one run's objects. ``group`` is the data-parallel process group (None: single process)."""
+
+    def __init__(self, cfg: TrainerConfig, out_dir: str | Path = ".", *, group: Any = None,
+                 log: Callable[[str], None] | None = None, job_name: str = "local", metrics_port: int | None = None,
+                 measure_peak: bool = True) -> None:
+        import torch.distributed as dist
+
+        self.group = group
+        self.world = dist.get_world_size(group) if group is not None else 1
+        self.rank = dist.get_rank(group) if group is not None else 0
+        problems = config_problems(cfg, dp=self.world)
+        if problems:
+            raise ConfigProblem(*problems[0])
+        self.cfg = cfg
+        self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.job = job_name
+        out = Path(out_dir)
+        ckpt = Path(cfg.checkpoint.dir)
+        self.ckpt_dir = ckpt if ckpt.is_absolute() else out / ckpt
+        self.device: DeviceInfo = select_device(cfg.device, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        if not supports_dtype(self.device.kind, cfg.model.dtype):
+            raise ConfigProblem("model.dtype", f"{cfg.model.dtype} is not supported on {self.device.kind}")
+        set_deterministic(cfg.deterministic, self.device.kind)
+        seed_everything(cfg.seed, self.device.kind)
+        try:
+            self.tokenizer, self.loader, self.format = build_data(
+                cfg.data, self.ckpt_dir.parent / "tokenizer", int(str(resolved_model_values(cfg.model)["vocab_size"])))
+        except DataError as e:
+            raise ConfigProblem("data.train", str(e)) from None
+        except ValueError as e:
+            field_path, sep, rest = str(e).partition(": ")
+            if sep and field_path.startswith("data."):
+                raise ConfigProblem(field_path, rest) from None
+            raise
+        self.model, self.opts = self._fresh()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.detector = SpikeDetector(cfg.stability.window, cfg.stability.z_threshold, cfg.stability.warmup_steps,
+                                      cfg.stability.cooldown_steps)
+        self.anticipatory = self._anticipatory()
+        hashed = cfg.model_dump(mode="json", include={"mode", "model", "optimizer", "routing", "data", "seed"})
+        self.ckpt = CheckpointManager(self.ckpt_dir, cfg.checkpoint.keep_last, config_hash(hashed), group, self.log)
+        self.step = 0
+        self.skipped = 0
+        self.spikes = 0
+        self.tokens_seen = 0
+        self.last_checkpoint: int | None = None
+        self._stop = False
+        self.telemetry = self._telemetry(out, metrics_port, measure_peak) if self.rank == 0 else None
+
+    # --- construction -------------------------------------------------------------------------
+    def _fresh(self) -> tuple[nn.Module, Optimizers]:
+        from trex.runtime.device import torch_dtype
+        from trex.trainer.model import build_model
+
+        model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=torch_dtype(self.cfg.model.dtype),
+                            seed=self.cfg.seed)
+        opts = build_optimizers(model, dict(model.param_roles()), self.cfg.optimizer, ns_dtype=self._ns_dtype())
+        return model, opts
+
+    def _ns_dtype(self) -> torch.dtype:
+        return resolve_ns_dtype(self.cfg.optimizer.muon.ns_dtype, self.device.kind, self.cfg.model.dtype)
+
+    def _anticipatory(self) -> AnticipatoryRouting:
+        model: Any = self.model
+        s = self.cfg.stability
+        return AnticipatoryRouting(model.moe_gates, model.set_anticipatory_router_weights, s.anticipatory_delta,
+                                   s.anticipatory_window)
+
+    def _telemetry(self, out: Path, port: int | None, measure_peak: bool) -> Telemetry:
+        from trex.telemetry.exporter import Exporter
+        from trex.telemetry.jsonl import JsonlLog
+        from trex.trainer import mfu as mfu_mod
+
+        exporter = Exporter()
+        if port is not None:
+            self.log(f"metrics on :{exporter.serve(port)}/metrics")
+        jsonl_path = Path(self.cfg.logging.jsonl) if self.cfg.logging.jsonl else self.ckpt_dir / "metrics.jsonl"
+        fpt = self._fpt(self.cfg.data.seq_len)
+        peak, source = peak_flops(self.device, measure_peak)
+        convention = str(mfu_mod.FLOPS_CONVENTION)
+        label = f"{self.device.kind}:{self.device.name}"
+        exporter.metric("trex_train_peak_flops", job_name=self.job, device=label, source=source).set(peak)
+        exporter.metric("trex_train_flops_per_token", job_name=self.job, flops_convention=convention).set(fpt)
+        exporter.metric("trex_train_max_steps", job_name=self.job).set(self.cfg.max_steps)
+        self.log(f"device {label}; peak {peak / 1e12:.3f} TFLOP/s ({source}); {fpt / 1e6:.2f} MFLOP/token ({convention})")
+        return Telemetry(exporter, JsonlLog(jsonl_path), self.job, label, convention, fpt, peak, source)
+
+    # --- state --------------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """Everything besides model and optimizers that a bit-identical resume needs."""
+        return {"step": self.step, "data": self.loader.state_dict(), "spike": self.detector.state_dict(),
+                "anticipatory": self.anticipatory.state_dict(), "rng": rng_state(self.device.kind),
+                "counters": {"skipped": self.skipped, "spikes": self.spikes, "tokens": self.tokens_seen},
+                "scheduler": {"step": self.step}}
+
+    def save(self) -> None:
+        """Checkpoint the current step."""
+        self.ckpt.save(self.step, self.model, self.opts.all(), self.extra_state())
+        self.last_checkpoint = self.step
+        if self.telemetry is not None:
+            e = self.telemetry.exporter
+            e.metric("trex_train_last_checkpoint_step", job_name=self.job).set(self.step)
+            e.metric("trex_train_last_checkpoint_timestamp_seconds", job_name=self.job).set(time.time())
+
+    def resume(self) -> bool:
+        """Load the newest verified checkpoint (falling back past corrupt ones); True when one was loaded."""
+        def rebuild() -> tuple[nn.Module, list[torch.optim.Optimizer]]:
+            self.model, self.opts = self._fresh()
+            return self.model, self.opts.all()
+
+        loaded, _, _ = self.ckpt.load_latest(self.model, self.opts.all(), rebuild=rebuild)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.anticipatory = self._anticipatory()
+        if loaded is None:
+            return False
+        # Optimizer states come from the checkpoint; hyper-parameters from the current config.
+        apply_hparams(self.opts, self.cfg.optimizer, self._ns_dtype())
+        x = loaded.extra
+        self.step = int(x["step"])
+        self.loader.load_state_dict(x["data"])
+        self.detector.load_state_dict(x["spike"])
+        self.anticipatory.load_state_dict(x["anticipatory"])
+        set_rng_state(x["rng"], self.device.kind)
+        self.skipped = int(x["counters"]["skipped"])
+        self.spikes = int(x["counters"]["spikes"])
+        self.tokens_seen = int(x["counters"]["tokens"])
+        self.last_checkpoint = self.step
+        self.log(f"resumed from {loaded.path} (step {self.step})")
+        return True
+
+    # --- one step -----------------------------------------------------------------------------
+    def train_step(self) -> StepRecord:
+        """One optimizer step (with accumulation, guard, clipping, bias update and spike handling)."""
+        from trex.trainer.model import compute_loss, update_expert_bias
+
+        cfg, s = self.cfg, self.step
+        t0 = time.perf_counter()
+        seq_len = seq_len_at(s, [(c.step, c.seq_len) for c in cfg.data.seq_len_curriculum], cfg.data.seq_len)
+        gbatch = global_batch_at(s, [(r.step, r.global_batch_size) for r in cfg.optimizer.batch_ramp],
+                                 cfg.data.global_batch_size)
+        n_micro = micro_steps(gbatch, cfg.data.micro_batch_size, self.world)
+        self.anticipatory.snapshot()
+        anticipatory = self.anticipatory.prepare(s)
+        model: Any = self.model
+        dev = self.device.torch_device()
+        batches = [self.loader.next_batch(cfg.data.micro_batch_size, seq_len, self.rank, self.world)
+                   for _ in range(n_micro)]
+        # Token-weighted mean over the whole global batch: micro-batch i weighs (its loss tokens) / (all of
+        # them on every rank), so SFT batches with few assistant tokens do not count as much as full ones.
+        valid = [float(b["loss_mask"].sum()) for b in batches]
+        total_valid = self._sum_over_ranks([sum(valid)])[0]
+        counts: torch.Tensor | None = None
+        parts_sum: dict[str, float] = {}
+        for batch_cpu, n_valid in zip(batches, valid, strict=True):
+            if n_valid == 0:
+                continue
+            weight = n_valid / total_valid
+            batch = {k: v.to(dev) for k, v in batch_cpu.items()}
+            out = model(batch["input_ids"], batch["position_ids"], batch["doc_ids"])
+            loss, parts = compute_loss(out, batch["labels"], batch["loss_mask"], cfg.routing, s)
+            torch.autograd.backward(loss * weight)
+            c = out.expert_counts.detach()
+            counts = c if counts is None else counts + c
+            for k, v in parts.items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + v * weight
+        t_compute = time.perf_counter()
+        if self.group is not None:
+            self._allreduce_grads()
+            keys = sorted(parts_sum)
+            parts_sum = dict(zip(keys, self._sum_over_ranks([parts_sum[k] for k in keys]), strict=True))
+        lm_loss = parts_sum.get("lm", float("nan")) if total_valid > 0 else float("nan")
+        grad_norm = clip_grad_norm(self.params, cfg.optimizer.grad_clip)
+        skipped = not finite(lm_loss, parts_sum.get("total", lm_loss), grad_norm)
+        spike = False
+        self.opts.set_lr_factor(schedule_factor(cfg.optimizer, s, cfg.max_steps))
+        if skipped:
+            self.skipped += 1
+            why = ("no loss tokens in the global batch" if total_valid == 0 else
+                   f"non-finite loss or gradient norm (loss={lm_loss}, grad_norm={grad_norm})")
+            self.log(f"step {s}: {why}; step skipped")
+        else:
+            self.opts.step()
+            if counts is not None and counts.numel():
+                update_expert_bias(model, counts, cfg.routing.bias_update_speed, group=self.group)
+            if cfg.stability.enabled and self.detector.observe(s, lm_loss):
+                spike = True
+                self.spikes += 1
+                self.anticipatory.trigger(s)
+                self.log(f"step {s}: loss spike ({lm_loss:.4f}); anticipatory routing for "
+                         f"{cfg.stability.anticipatory_window} steps (Δt={cfg.stability.anticipatory_delta})")
+        self.opts.zero_grad()
+        t_end = time.perf_counter()
+        tokens = cfg.data.micro_batch_size * n_micro * seq_len
+        self.tokens_seen += tokens * self.world
+        self.step += 1
+        return StepRecord(step=self.step, loss=lm_loss, parts=parts_sum, grad_norm=grad_norm, lr=self.opts.lr(),
+                          tokens=tokens, seconds=t_end - t0, skipped=skipped, spike=spike,
+                          anticipatory=anticipatory, load_cv=load_cv(counts) if counts is not None else 0.0,
+                          seq_len=seq_len, global_batch=gbatch, compute_seconds=t_compute - t0,
+                          optimizer_seconds=t_end - t_compute)
+
+    def _allreduce_grads(self) -> None:
+        """Sum gradients over the ranks (the loss weights already divide by the global token count)."""
+        import torch.distributed as dist
+
+        for p in self.params:  # a rank whose micro-batches had no loss tokens still joins with zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        """Element-wise sum over the data-parallel ranks (identity in a single process)."""
+        if self.group is None:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return [float(v) for v in t.tolist()]
+
+    # --- the run ------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Resume from the newest verified checkpoint, else initialise from Hugging Face weights when configured."""
+        cfg = self.cfg
+        if cfg.checkpoint.resume and self.resume():
+            return
+        if cfg.checkpoint.init_from_hf:
+            from trex.trainer.hf import load_hf_into
+
+            load_hf_into(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
+            self.log(f"initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
+
+    def request_stop(self, *_: Any) -> None:
+        """Finish the current step, checkpoint and return (SIGTERM handler)."""
+        self._stop = True
+
+    def _stop_agreed(self) -> bool:
+        """Whether any rank was asked to stop (all ranks stop at the same step)."""
+        if self.group is None:
+            return self._stop
+        import torch.distributed as dist
+
+        flag = torch.tensor([1.0 if self._stop else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        self._stop = bool(flag.item() > 0)
+        return self._stop
+
+    def run(self, max_steps: int | None = None, progress: Any = None) -> TrainResult:
+        """Train until ``max_steps`` (default config.maxSteps) or a stop request."""
+        cfg = self.cfg
+        total = max_steps or cfg.max_steps
+        self.prepare()
+        history: list[StepRecord] = []
+        last_mfu: float | None = None
+        last_loss: float | None = None
+        since_log = 0
+        while self.step < total and not self._stop_agreed():
+            rec = self.train_step()
+            history.append(rec)
+            if not rec.skipped:
+                last_loss = rec.loss
+            if self.telemetry is not None:
+                t = self.telemetry
+                fpt = t.flops_per_token if rec.seq_len == cfg.data.seq_len else self._fpt(rec.seq_len)
+                last_mfu = fpt * rec.tokens / max(rec.seconds, 1e-9) / t.peak_flops
+                t.record(rec, last_mfu, self.last_checkpoint)
+            if self.step % cfg.checkpoint.interval_steps == 0 or self.step == total:
+                self.save()
+            since_log += 1
+            if progress is not None and (progress.tty or since_log >= cfg.logging.interval_steps or self.step == total):
+                progress.update(since_log, loss=rec.loss, gnorm=rec.grad_norm,
+                                tok_s=rec.tokens / max(rec.seconds, 1e-9), mfu=last_mfu or 0.0)
+                since_log = 0
+        interrupted = self._stop and self.step < total
+        if interrupted and self.last_checkpoint != self.step:
+            self.save()
+        if self.telemetry is not None:
+            self.telemetry.jsonl.close()
+        return TrainResult(self.step, last_loss, last_mfu, self.last_checkpoint, self.skipped, self.spikes,
+                           interrupted, history)
+
+    def _fpt(self, seq_len: int) -> float:
+        from trex.trainer import mfu as mfu_mod
+
+        return float(mfu_mod.flops_per_token(resolved_model_values(self.cfg.model), seq_len))
+
+
+def peak_flops(device: DeviceInfo, measure: bool = True, seconds: float = 1.0) -> tuple[float, str]:
+    """(peak FLOP/s, source): the SKU catalog for accelerators, a short calibration GEMM on CPU or unknown SKUs."""
+    from trex.trainer import mfu as mfu_mod
+
+    if device.kind != "cpu":
+        name = device.name.lower().replace(" ", "")
+        for key in sorted(mfu_mod.PEAK_FLOPS, key=len, reverse=True):
+            if key in name:
+                return mfu_mod.device_peak(key), f"catalog:{key}"
+        return measure_device_gemm_flops(device, seconds), f"measured-gemm-bf16:{device.kind}"
+    if not measure:
+        return measure_device_gemm_flops(device, 0.05, n=256), "measured-gemm-fp32:cpu-quick"
+    return mfu_mod.measure_cpu_peak_flops(seconds=seconds), "measured-gemm-fp32:cpu"
+
+
+def measure_device_gemm_flops(device: DeviceInfo, seconds: float, n: int = 4096) -> float:
+    """Best FLOP/s of square GEMMs on ``device`` (bf16 on accelerators, fp32 on CPU) over about ``seconds``."""
+    dev = device.torch_device()
+    dtype = torch.float32 if device.kind == "cpu" else torch.bfloat16
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    mod = device.module()
+    torch.mm(a, b)
+    mod.synchronize()
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b)
+        mod.synchronize()
+        best = max(best, 4 * 2 * n**3 / max(time.perf_counter() - t0, 1e-9))
+        if time.perf_counter() >= deadline:
+            return best
+
+
+def install_sigterm(trainer: Trainer) -> None:
+    """SIGTERM (eviction, preemption) checkpoints after the current step and stops."""
+    signal.signal(signal.SIGTERM, trainer.request_stop)
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """None for missing or non-finite values (JSON-friendly summaries)."""
+    return x if x is not None and math.isfinite(x) else None

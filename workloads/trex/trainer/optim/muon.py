@@ -1,0 +1,137 @@
+"""Muon: momentum, then orthogonalise the update with a hybrid Newton-Schulz schedule, rescale to a fixed RMS.
+
+Stacked expert weights ``[E, n, m]`` are orthogonalised per expert in one batched call, and 2-D
+parameters of the same shape are stacked into one batch too, so a step issues few large GEMMs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, overload
+
+import torch
+from torch import Tensor
+
+Stage = tuple[int, tuple[float, float, float]]
+"""(iterations, (a, b, c)) of X <- aX + b(XX^T)X + c(XX^T)^2 X."""
+
+DEFAULT_STAGES: tuple[Stage, ...] = ((8, (3.4445, -4.7750, 2.0315)), (2, (2.0, -1.5, 0.5)))
+"""8 quintic steps that push every singular value up fast, then 2 steps of the polynomial with a double
+root at 1 (f(1) = 1, f'(1) = 0) that pulls them onto 1 (quadratic convergence)."""
+
+
+def newton_schulz(g: Tensor, stages: Sequence[Stage] = DEFAULT_STAGES, *, eps: float = 1e-7,
+                  dtype: torch.dtype = torch.float32, final_dtype: torch.dtype | None = None) -> Tensor:
+    """Approximate U V^T of ``g`` ([..., n, m]; batched over leading dims), returned in g's dtype.
+
+    Each matrix is normalised by its Frobenius norm first (so every singular value is <= 1), and tall
+    matrices are transposed so the Gram matrix is the small one. Stages run in ``dtype`` except the
+    last, which runs in ``final_dtype`` (default ``dtype``): a bf16 quintic stage followed by an fp32
+    cleanup still lands every singular value on 1 to fp32 accuracy.
+    """
+    if g.ndim < 2:
+        raise ValueError(f"newton_schulz needs a matrix, got shape {tuple(g.shape)}")
+    shape = g.shape
+    x = g.reshape(-1, shape[-2], shape[-1]).to(dtype)
+    tall = shape[-2] > shape[-1]
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for i, (steps, (a, b, c)) in enumerate(stages):
+        x = x.to((final_dtype or dtype) if i == len(stages) - 1 else dtype)
+        # fp32/fp64: fold the a-term onto the small matrix's diagonal, (aI + bG + cG^2) X, so the big X is
+        # not copied; in bf16 that diagonal would round a away, so keep a X + (bG + cG^2) X there.
+        fold = x.dtype in (torch.float32, torch.float64)
+        for _ in range(steps):
+            gram = torch.bmm(x, x.mT)
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            if fold:
+                poly.diagonal(dim1=-2, dim2=-1).add_(a)
+                x = torch.bmm(poly, x)
+            else:
+                x = torch.baddbmm(x, poly, x, beta=a)
+    if tall:
+        x = x.mT
+    return x.reshape(shape).to(g.dtype)
+
+
+def update_scale(shape: Sequence[int], update_rms: float) -> float:
+    """sqrt(max(n, m)) x update_rms: an orthogonal n x m matrix has RMS 1/sqrt(max(n, m)), so this gives RMS update_rms."""
+    n, m = shape[-2], shape[-1]
+    return update_rms * math.sqrt(max(n, m))
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for 2-D weights and 3-D stacked experts ([E, n, m], orthogonalised per expert).
+
+    Per step: buf <- lerp(buf, g, 1 - momentum); u = lerp(g, buf, momentum) (Nesterov) or buf;
+    O = NS(u); p <- p (1 - lr wd); p <- p - lr sqrt(max(n, m)) update_rms O.
+    """
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float = 2e-2,
+                 momentum: float = 0.95, nesterov: bool = True, weight_decay: float = 0.1,
+                 update_rms: float = 0.18, stages: Sequence[Stage] = DEFAULT_STAGES, eps: float = 1e-7,
+                 ns_dtype: torch.dtype = torch.float32, final_dtype: torch.dtype | None = None) -> None:
+        if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0 or update_rms <= 0:
+            raise ValueError(f"invalid Muon hyper-parameters lr={lr} momentum={momentum} "
+                             f"weight_decay={weight_decay} update_rms={update_rms}")
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                        update_rms=update_rms, stages=tuple((int(s), tuple(c)) for s, c in stages), eps=eps,
+                        ns_dtype=ns_dtype, final_dtype=final_dtype)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim not in (2, 3):
+                    raise ValueError(f"Muon takes 2-D or 3-D (stacked experts) parameters, got shape {tuple(p.shape)}")
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One update of every parameter with a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for group in self.param_groups:
+                self._step_group(group)
+        return loss
+
+    def _step_group(self, group: dict[str, Any]) -> None:
+        lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+        # Bucket updates by (short, long) side, tall matrices transposed to wide (the Newton-Schulz map
+        # commutes with transposition), so each bucket is one batched call.
+        buckets: dict[tuple[int, int], list[tuple[Tensor, Tensor, bool]]] = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(g)
+            buf = state["momentum_buffer"]
+            buf.lerp_(g, 1 - mom)
+            u = g.lerp(buf, mom) if group["nesterov"] else buf
+            n, m = p.shape[-2], p.shape[-1]
+            tall = n > m
+            buckets.setdefault((min(n, m), max(n, m)), []).append((p, u.mT if tall else u, tall))
+        for (n, m), items in buckets.items():
+            mats = [u.reshape(-1, n, m) for _, u, _ in items]
+            stacked = torch.cat(mats) if len(mats) > 1 else mats[0]
+            ortho = newton_schulz(stacked, group["stages"], eps=group["eps"], dtype=group["ns_dtype"],
+                                  final_dtype=group.get("final_dtype"))
+            scale = update_scale((n, m), group["update_rms"])
+            offset = 0
+            for p, _, tall in items:
+                count = p.numel() // (n * m)
+                o = ortho[offset:offset + count]
+                offset += count
+                o = (o.mT if tall else o).reshape(p.shape)
+                if wd:
+                    p.mul_(1 - lr * wd)
+                p.add_(o.to(p.dtype), alpha=-lr * scale)
