@@ -115,12 +115,27 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.telemetry is not None:
         summary.update(peak_flops=trainer.telemetry.peak_flops, peak_source=trainer.telemetry.peak_source,
                        flops_convention=trainer.telemetry.convention)
+    if trainer.rank == 0 and not result.interrupted and cfg.checkpoint.export_hf:
+        summary["hf_export"] = _export(trainer)
     write_termination_summary(summary)
     loss_s = f"{result.loss:.4f}" if result.loss is not None else "n/a"
     mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"
     print(f"trex train: {summary['result'].lower()} at step {result.final_step}/{cfg.max_steps}, loss {loss_s}, "
           f"MFU {mfu_s}, last checkpoint {result.last_checkpoint}", file=sys.stderr)
     return EXIT_TERMINATED if result.interrupted else EXIT_OK
+
+
+def _export(trainer: Any) -> str | None:
+    """Hugging Face export next to the checkpoints (None, with a log line, when the shape has none)."""
+    from trex.trainer.export import export_hf, export_problem
+
+    problem = export_problem(trainer.model)
+    if problem is not None:
+        print(f"trex train: no Hugging Face export: {problem}", file=sys.stderr)
+        return None
+    path = export_hf(trainer.model, trainer.tokenizer, trainer.ckpt_dir / "hf")
+    print(f"trex train: Hugging Face export written to {path}", file=sys.stderr)
+    return str(path)
 
 
 def _join_job(env: Any, device: str) -> Any:

@@ -292,6 +292,10 @@ class CheckpointConfig(TrexModel):
     """Resume from the latest verified checkpoint when one exists."""
     init_from_hf: str | None = None
     """Directory of Hugging Face safetensors (DeepSeek-V3 layout) to initialise from."""
+    export_hf: bool = True
+    """At the end of a successful run, write a Hugging Face export (DeepSeek-V3 safetensors, tokenizer, chat
+    template) to <dir>/hf when the model has a DeepSeek-V3 equivalent (mla + sigmoid, hcMult 1, no hash layers);
+    other shapes are skipped with a log line."""
 
 
 class LoggingConfig(TrexModel):
