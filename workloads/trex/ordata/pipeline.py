@@ -446,6 +446,13 @@ def merge(out_dir: str | Path, exporter: Any = None) -> dict[str, Any]:
     out = root / "merged"
     remove_unlisted(out, set())
     files = []
+    heldout = [sid for sid in kept if in_heldout(sid, float(cfg_json.get("heldoutFraction", 0.0)))]
+    if heldout:
+        held = set(heldout)
+        kept = [sid for sid in kept if sid not in held]
+        # Outside merged/ so that training on merged/ can never read it.
+        entry = write_part(root / HELDOUT_DIR / HELDOUT_FILE, [heldout_record(primary[i]) for i in heldout])
+        files.append({**entry, "name": f"../{HELDOUT_DIR}/{HELDOUT_FILE}", "rendering": "heldout"})
     for part, start in enumerate(range(0, len(kept), per_file)):
         ids = kept[start:start + per_file]
         for r in renderings:
@@ -463,11 +470,30 @@ def merge(out_dir: str | Path, exporter: Any = None) -> dict[str, Any]:
             tf["rejected"] += fv["rejected"]
     manifest = {
         "schema": SCHEMA, "complete": True, "config_hash": hashes.pop(), "num_shards": num,
-        "samples": len(kept), "cross_shard_duplicates": dict(cross_dups), "counts": totals, "files": files,
+        "samples": len(kept), "heldout": len(heldout), "cross_shard_duplicates": dict(cross_dups), "counts": totals,
+        "files": files,
         "shards": [{"name": d.name, "manifest_sha256": _sha(d / MANIFEST)} for d, _ in manifests],
     }
     atomic_write_json(out / MANIFEST, manifest)
     return manifest
+
+
+HELDOUT_DIR = "heldout"
+HELDOUT_FILE = "heldout.jsonl"
+
+
+def in_heldout(sample_id: str, fraction: float) -> bool:
+    """Stable held-out membership: the id's sha256 read as a number in [0, 1) falls below ``fraction``."""
+    if fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def heldout_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A sample in the evaluation harness's `ordata` format: id, question, answer (optimal objective), family."""
+    prov = record["provenance"]
+    return {"id": record["id"], "question": problem_of(record), "answer": prov["objective"], "family": prov["family"]}
 
 
 def _sha(p: Path) -> str:

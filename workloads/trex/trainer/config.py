@@ -262,7 +262,7 @@ class DataConfig(TrexModel):
     """Training data: JSONL text (pretrain/CPT) or JSONL chat (SFT), packed into fixed-length sequences."""
 
     train: str | None = None
-    """JSONL file or directory of JSONL shards; unset = the built-in demo corpus."""
+    """JSONL file, directory of JSONL shards, or a glob such as dir/sft-*.jsonl; unset = the built-in demo corpus."""
     format: Literal["text", "chat", "auto"] = "auto"
     """Record format: {"text": ...} or {"messages": [...]} (auto = detect)."""
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)

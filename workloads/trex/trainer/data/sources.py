@@ -15,8 +15,14 @@ class DataError(ValueError):
 
 
 def jsonl_files(path: str | Path) -> list[Path]:
-    """The JSONL files of ``path`` (a file, or a directory of *.jsonl shards in name order)."""
+    """The JSONL files of ``path``: a file, a directory of *.jsonl shards, or a glob such as dir/sft-*.jsonl
+    (name order)."""
     p = Path(path)
+    if any(ch in str(path) for ch in "*?["):
+        matches = sorted(f for f in p.parent.glob(p.name) if f.is_file())
+        if not matches:
+            raise DataError(f"data.train: pattern {path} matches no files")
+        return matches
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.suffix == ".jsonl" and f.is_file())
         if not files:
