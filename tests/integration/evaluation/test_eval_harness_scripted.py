@@ -184,8 +184,14 @@ def test_cli_runs_reference_and_rejects_bad_input(tmp_path: Path, capsys: pytest
     summary = json.loads((out / "summary.json").read_text())
     assert summary["benchmarks"]["nl4opt"]["pass@1"] == 1.0
     assert (out / "report.html").read_text().startswith("<!doctype html>")
-    assert json.loads(term.read_text()) == {"kind": "EvalJob", "model": "reference", "complete": True,
-                                            "pass@1": {"nl4opt": 1.0}, "structural": {}, "failed_requests": 0}
+    term_summary = json.loads(term.read_text())
+    assert term_summary == {"kind": "EvalJob", "model": "reference", "complete": True,
+                            "benchmarks": {"nl4opt": {"passAt1": 1.0, "samples": 4}}, "failedRequests": 0}
+    # The operator reads exactly this contract into status.results (and the Pass@1 printer column).
+    from trex_operator.kinds import eval_results
+    from trex_operator.lifecycle import PodState
+
+    assert eval_results([PodState("Succeeded", summary=term_summary)])["passAt1"] == 1.0
     capsys.readouterr()
     bad = [
         (["--benchmark", f"nl4opt={tmp_path / 'missing.jsonl'}", "--model", "reference"], "does not exist"),

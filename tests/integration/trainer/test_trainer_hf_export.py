@@ -44,7 +44,7 @@ def test_export_loads_in_transformers_and_matches(tmp_path: Path) -> None:
     export = find_hf_export(tmp_path / "ckpt")
     assert export == tmp_path / "ckpt" / "hf"
     summary = json.loads((tmp_path / "term.json").read_text())
-    assert summary["hf_export"] == str(export)
+    assert summary["hfExport"] == str(export)
 
     tok = AutoTokenizer.from_pretrained(export)
     hf = AutoModelForCausalLM.from_pretrained(export, torch_dtype=torch.float32).eval()

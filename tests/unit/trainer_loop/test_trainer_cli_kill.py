@@ -83,7 +83,7 @@ def test_kill_minus_nine_then_resume_matches_uninterrupted(tmp_path: Path) -> No
     for k in a:
         assert torch.equal(a[k], b[k]), k
     summary = json.loads((tmp_path / "termination-log").read_text())
-    assert summary["result"] == "Succeeded" and summary["step"] == 30 and summary["last_checkpoint"] == 30
+    assert summary["result"] == "Succeeded" and summary["step"] == 30 and summary["lastCheckpointStep"] == 30
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,7 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path: Path) -> None:
     assert proc.wait(timeout=60) == 143
     summary = json.loads((tmp_path / "termination-log").read_text())
     assert summary["result"] == "Interrupted" and 3 <= summary["step"] < 500
-    assert summary["last_checkpoint"] == summary["step"]
+    assert summary["lastCheckpointStep"] == summary["step"]
     assert (tmp_path / "run" / "ckpt" / f"step-{summary['step']:08d}" / "manifest.json").is_file()
 
 

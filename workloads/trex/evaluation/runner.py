@@ -379,11 +379,14 @@ def publish_metrics(exporter: Any, summary: dict[str, Any]) -> None:
 
 def termination_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """Compact result for the pod's termination message."""
+    benchmarks: dict[str, dict[str, Any]] = {}
+    for n, s in summary["benchmarks"].items():
+        entry: dict[str, Any] = {"passAt1": round(s["pass@1"], 4) if s.get("pass@1") is not None else None,
+                                 "samples": s.get("samples")}
+        if s.get("structural_accuracy") is not None:
+            entry["structuralAccuracy"] = round(s["structural_accuracy"], 4)
+        benchmarks[n] = entry
     return {
         "kind": "EvalJob", "model": summary.get("model"), "complete": summary.get("complete"),
-        "pass@1": {n: (round(s["pass@1"], 4) if s.get("pass@1") is not None else None)
-                   for n, s in summary["benchmarks"].items()},
-        "structural": {n: round(s["structural_accuracy"], 4) for n, s in summary["benchmarks"].items()
-                       if s.get("structural_accuracy") is not None},
-        "failed_requests": summary.get("run", {}).get("failed_requests", 0),
+        "benchmarks": benchmarks, "failedRequests": summary.get("run", {}).get("failed_requests", 0),
     }

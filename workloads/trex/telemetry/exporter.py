@@ -29,12 +29,15 @@ class Exporter:
         metric = self._m[name]
         return metric.labels(**labels) if labels else metric
 
-    def serve(self, port: int | None = None, addr: str = "0.0.0.0") -> int:
-        """Serve /metrics on ``port`` (None: TREX_METRICS_PORT; 0 picks a free port). Returns the port."""
+    def serve(self, port: int | None = None, addr: str | None = None) -> int:
+        """Serve /metrics on ``port`` (None: TREX_METRICS_PORT; 0 picks a free port) at ``addr`` (None:
+        TREX_METRICS_ADDR, else all interfaces). Returns the port."""
         from prometheus_client import start_http_server
 
         if port is None:
             port = int(os.environ.get("TREX_METRICS_PORT", "0"))
+        if addr is None:
+            addr = os.environ.get("TREX_METRICS_ADDR") or "0.0.0.0"
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         self.port = int(server.server_address[1])
         return self.port

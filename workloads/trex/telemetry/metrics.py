@@ -55,6 +55,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("trex_kernel_trials_total", "counter", "Candidates tried, by outcome.", ("kernel", "outcome")),
     MetricSpec("trex_kernel_best_seconds", "gauge", "Median time of the best verified variant.",
                ("kernel", "shape", "dtype", "device")),
+    MetricSpec("trex_kernel_bandwidth_fraction", "gauge",
+               "Best variant's compulsory bytes per second over the measured bandwidth of the level holding them.",
+               ("kernel", "shape", "dtype", "device")),
+    MetricSpec("trex_kernel_model_spearman", "gauge",
+               "Spearman rank correlation of the tiling cost model's predicted against measured candidate times.",
+               ("kernel", "shape", "dtype", "device")),
     # --- ordata --------------------------------------------------------------------------
     MetricSpec("trex_ordata_samples_total", "counter", "Instances by pipeline outcome (accepted or a rejection reason).",
                ("family", "outcome")),

@@ -101,22 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         traceback.print_exc()
         summary.update(result="Failed", error=f"{type(e).__name__}: {e}", step=trainer.step,
-                       last_checkpoint=trainer.last_checkpoint)
+                       lastCheckpointStep=trainer.last_checkpoint)
         write_termination_summary(summary)
         _leave(group)
         return EXIT_FAILURE
     _leave(group)
     summary.update(
         result="Interrupted" if result.interrupted else "Succeeded", step=result.final_step,
-        max_steps=cfg.max_steps, loss=finite_or_none(result.loss), mfu=finite_or_none(result.mfu),
-        last_checkpoint=result.last_checkpoint, skipped_steps=result.skipped_steps, spikes=result.spikes,
+        maxSteps=cfg.max_steps, loss=finite_or_none(result.loss), mfu=finite_or_none(result.mfu),
+        lastCheckpointStep=result.last_checkpoint, skippedSteps=result.skipped_steps, spikes=result.spikes,
         tokens=trainer.tokens_seen, seconds=round(time.time() - start, 3),
     )
     if trainer.telemetry is not None:
-        summary.update(peak_flops=trainer.telemetry.peak_flops, peak_source=trainer.telemetry.peak_source,
-                       flops_convention=trainer.telemetry.convention)
+        summary.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
+                       flopsConvention=trainer.telemetry.convention)
     if trainer.rank == 0 and not result.interrupted and cfg.checkpoint.export_hf:
-        summary["hf_export"] = _export(trainer)
+        summary["hfExport"] = _export(trainer)
     write_termination_summary(summary)
     loss_s = f"{result.loss:.4f}" if result.loss is not None else "n/a"
     mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"

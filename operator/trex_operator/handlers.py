@@ -1,0 +1,123 @@
+"""kopf handlers: thin wiring from cluster events to :class:`trex_operator.reconciler.Reconciler`.
+
+- indexes of the operator's pods, batch Jobs and Deployments (the observed children, kept current by watches);
+- one timer per kind that re-derives each job's desired state (level-based);
+- pod phase changes kick an immediate reconciliation of the owning job.
+
+Importing this module registers the handlers in kopf's default registry (for `kopf run -m trex_operator`);
+:func:`register` builds them into any registry (tests, `trex operator run`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from trex_operator.api import GROUP, KIND_INFO, VERSION
+from trex_operator.children import LABEL_KIND, LABEL_MANAGED, LABEL_NAME, MANAGER
+from trex_operator.kube import Connection, Kube
+from trex_operator.plan import Observed
+from trex_operator.reconciler import JobKey, Reconciler, Settings
+
+log = logging.getLogger("trex_operator")
+MANAGED = {LABEL_MANAGED: MANAGER}
+
+
+def _key(namespace: str | None, labels: Any) -> tuple[str, str, str] | None:
+    kind, name = (labels or {}).get(LABEL_KIND), (labels or {}).get(LABEL_NAME)
+    if not kind or not name:
+        return None
+    return (str(kind), str(namespace or "default"), str(name))
+
+
+def _snapshot(body: Any) -> dict[str, Any]:
+    return {k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec", "status")}
+
+
+def _observer(pods: Any, batch: Any, deploys: Any) -> Any:
+    def observe(key: JobKey) -> Observed:
+        import datetime as dt
+
+        obs = Observed(now=dt.datetime.now(dt.UTC))
+        obs.pods = list(pods.get(key, ()))
+        obs.batch_jobs = {str(j["metadata"]["name"]): j for j in batch.get(key, ())}
+        obs.deployments = {str(d["metadata"]["name"]): d for d in deploys.get(key, ())}
+        return obs
+
+    return observe
+
+
+def register(registry: kopf.OperatorRegistry, settings: Settings | None = None,
+             reconciler: Reconciler | None = None) -> kopf.OperatorRegistry:
+    """Register every handler into ``registry``; ``settings``/``reconciler`` default to env-driven ones."""
+    cfg = settings or Settings.from_env()
+    state: dict[str, Reconciler] = {}
+
+    def rec() -> Reconciler:
+        if "r" not in state:
+            state["r"] = reconciler or Reconciler(Kube(Connection.load()), cfg)
+        return state["r"]
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"{GROUP}")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=f"{GROUP}")
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        settings.networking.error_backoffs = [0.1, 0.5, 1, 5, 10]
+        # deleting a job stops its timer (kopf holds a finalizer until then): let that be prompt
+        settings.background.instant_exit_timeout = 1.0
+        settings.background.cancellation_polling = min(5.0, cfg.interval_s)
+        r = rec()
+        if cfg.metrics_port >= 0 and r.metrics.port is None:
+            port = r.metrics.serve(cfg.metrics_port)
+            log.info("operator metrics on :%d/metrics", port)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        if "r" in state:
+            await state["r"].close()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        c = rec().kube.conn
+        return kopf.ConnectionInfo(server=c.server, token=c.token, scheme="Bearer" if c.token else None,
+                                   ca_path=c.ca_path, certificate_path=c.cert_path, private_key_path=c.key_path,
+                                   insecure=c.insecure)
+
+    @kopf.index("pods", id="trex_pods", labels=MANAGED, registry=registry)
+    def trex_pods(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+        key = _key(namespace, labels)
+        return {key: _snapshot(body)} if key else {}
+
+    @kopf.index("batch", "v1", "jobs", id="trex_batch", labels=MANAGED, registry=registry)
+    def trex_batch(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+        key = _key(namespace, labels)
+        return {key: _snapshot(body)} if key else {}
+
+    @kopf.index("apps", "v1", "deployments", id="trex_deploys", labels=MANAGED, registry=registry)
+    def trex_deploys(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+        key = _key(namespace, labels)
+        return {key: _snapshot(body)} if key else {}
+
+    @kopf.on.event("pods", id="pod_event", labels=MANAGED, registry=registry)
+    async def pod_event(type: str, body: Any, **kwargs: Any) -> None:
+        key = rec().pod_changed(_snapshot(body), deleted=type == "DELETED")
+        if key is not None:
+            rec().kick(key, _observer(kwargs["trex_pods"], kwargs["trex_batch"], kwargs["trex_deploys"]))
+
+    for kind, info in KIND_INFO.items():
+        def make(kind: str) -> Any:
+            async def tick(namespace: str | None, name: str, trex_pods: Any, trex_batch: Any, trex_deploys: Any,
+                           **_: Any) -> None:
+                await rec().run((kind, namespace or "default", name), _observer(trex_pods, trex_batch, trex_deploys))
+            return tick
+
+        kopf.timer(GROUP, VERSION, info.plural, id=f"reconcile-{info.singular}", interval=cfg.interval_s,
+                   registry=registry)(make(kind))
+    return registry
+
+
+register(kopf.get_default_registry())

@@ -1,0 +1,587 @@
+"""Kind-specific planning: what children each kind needs and how its workers' outcomes become status."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import posixpath
+from typing import Any
+
+from trex_operator import ranktable
+from trex_operator.children import (
+    CONFIG_DIR,
+    KERNELS_DIR,
+    LABEL_ROLE,
+    JobCtx,
+    child_labels,
+    config_map,
+    config_map_name,
+    contract_env,
+    headless_service,
+    kernels_config_map_name,
+    metadata,
+    pod,
+    pod_resources,
+    render_yaml,
+    selector_labels,
+    service_name,
+    storage_mounts,
+    to_json,
+    volcano_pod_group,
+    volume_source,
+)
+from trex_operator.engine import (
+    Ctx,
+    KindImpl,
+    current_pods,
+    finish,
+    pod_index,
+    pod_refs,
+    run_gang,
+)
+from trex_operator.lifecycle import PodState, classify_pod, iso, set_condition
+from trex_operator.plan import ChildRef, Manifest
+from trex_operator.progress import EVAL_RATIO, ratio_progress, stalled, train_progress
+
+LAUNCHER = ["python", "-m", "trex.runtime.launch", "--"]
+
+
+def bounded_name(base: str, suffix: str, limit: int = 63) -> str:
+    """``<base>-<suffix>`` within ``limit`` characters (a hash keeps truncated names unique)."""
+    name = f"{base}-{suffix}"
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(base.encode()).hexdigest()[:6]
+    keep = limit - len(suffix) - len(digest) - 2
+    return f"{base[:keep].rstrip('-')}-{digest}-{suffix}"
+
+
+def _resolve(path: str, mount: str | None) -> str:
+    """A relative workload path placed under a volume mount (absolute paths are kept)."""
+    if path.startswith("/") or mount is None:
+        return path
+    return posixpath.join(mount, path)
+
+
+def _ref_spec(body: dict[str, Any]) -> dict[str, Any]:
+    spec = body.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _mount_of(spec: dict[str, Any], key: str, default: str) -> str | None:
+    vols = spec.get("volumes") if isinstance(spec.get("volumes"), dict) else {}
+    storage = vols.get(key) if isinstance(vols, dict) else None
+    if not isinstance(storage, dict):
+        return None
+    return str(storage.get("mountPath") or default)
+
+
+def ordata_output_path(body: dict[str, Any]) -> str:
+    """Where an ORDataJob's merged corpus lives (its output dir, under its output volume when relative)."""
+    spec = _ref_spec(body)
+    out = str((spec.get("ordata") or {}).get("output") or "ordata-out")
+    return _resolve(out, _mount_of(spec, "output", "/output"))
+
+
+def train_checkpoint_path(body: dict[str, Any], step: int | None) -> str:
+    """A TrainJob's checkpoint directory (under its checkpoints volume when relative), optionally one step."""
+    spec = _ref_spec(body)
+    ckpt = str(((spec.get("trainer") or {}).get("checkpoint") or {}).get("dir") or "checkpoints")
+    path = _resolve(ckpt, _mount_of(spec, "checkpoints", "/checkpoints"))
+    return posixpath.join(path, f"step-{step:08d}") if step is not None else path
+
+
+def _summary_results(states: list[PodState]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for s in states:
+        for k, v in s.summary.items():
+            out.setdefault(k, v)
+    return out
+
+
+def _scalar_progress(st_progress: dict[str, Any]) -> dict[str, Any]:
+    return {**st_progress, "percent": "100.0%"}
+
+
+class _PodKind:
+    """Shared parts of the pod-based kinds."""
+
+    def workers(self, ctx: Ctx, running_only: bool) -> list[ChildRef]:
+        return pod_refs(ctx.observed.pods, running_only)
+
+    def suspended(self, ctx: Ctx) -> bool:
+        return not ctx.observed.pods
+
+    def finished(self, ctx: Ctx) -> None:
+        return None
+
+
+# ---- TrainJob ----------------------------------------------------------------------------------
+
+
+class TrainImpl(_PodKind):
+    """TrainJob: headless Service, config ConfigMap (+ HCCL rank table), optional PodGroup, one pod per node."""
+
+    def refs(self, ctx: Ctx) -> list[tuple[str, str, str]]:
+        spec = ctx.model.spec
+        out = []
+        if spec.data_from is not None:
+            out.append(("ORDataJob", spec.data_from.name, "training data"))
+        if spec.kernels_from is not None:
+            out.append(("KernelTuneJob", spec.kernels_from.name, "tuned kernel configs"))
+        return out
+
+    def trainer_config(self, ctx: Ctx) -> dict[str, Any]:
+        """The rendered TrainerConfig: data from the referenced ORDataJob, checkpoints on the volume."""
+        spec = ctx.model.spec
+        cfg: dict[str, Any] = spec.trainer.model_dump(mode="json", by_alias=True)
+        if spec.data_from is not None:
+            body = ctx.deps.bodies.get(("ORDataJob", spec.data_from.name))
+            if body is not None:
+                cfg["data"]["train"] = ordata_output_path(body)
+                for entry in ctx.status.lineage:
+                    if entry.kind == "ORDataJob":
+                        entry.detail = f"training data {cfg['data']['train']}"
+        mounts = storage_mounts(spec)
+        cfg["checkpoint"]["dir"] = _resolve(cfg["checkpoint"]["dir"], mounts.get("checkpoints"))
+        return cfg
+
+    def children(self, ctx: Ctx) -> list[Manifest]:
+        spec, job = ctx.model.spec, ctx.job
+        data = {"trainer.yaml": render_yaml("trainer", self.trainer_config(ctx))}
+        if spec.device_type == "npu":
+            data[ranktable.RANK_TABLE_KEY] = to_json(self._rank_table(ctx))
+        out: list[Manifest] = [config_map(job, config_map_name(job), data),
+                               headless_service(job, [("dist", 29500), ("metrics", spec.metrics_port)])]
+        if spec.scheduling.gang == "volcano":
+            out.append(volcano_pod_group(job, spec, spec.replicas))
+        return out
+
+    def _rank_table(self, ctx: Ctx) -> dict[str, Any]:
+        pods = sorted(current_pods(ctx), key=pod_index)
+        if len(pods) != ctx.model.spec.replicas:
+            table = ranktable.initializing()
+        else:
+            try:
+                table = ranktable.render(pods, ctx.model.spec.devices_per_replica, ctx.observed.node_labels)
+            except ranktable.RankTableError as exc:
+                set_condition(ctx.status, "RankTableReady", "False", "InvalidDeviceAnnotation", str(exc), ctx.now,
+                              ctx.generation)
+                return ranktable.initializing()
+        if table["status"] == "completed":
+            set_condition(ctx.status, "RankTableReady", "True", "RankTableCompleted",
+                          f"hccl.json version {table['version']} with {len(pods)} server(s)", ctx.now, ctx.generation)
+        else:
+            set_condition(ctx.status, "RankTableReady", "False", "WaitingForDevices",
+                          "waiting for every pod to be scheduled with its NPUs", ctx.now, ctx.generation)
+        return table
+
+    def pods(self, ctx: Ctx) -> list[Manifest]:
+        """The worker pods of the current attempt."""
+        spec, job, attempt = ctx.model.spec, ctx.job, ctx.status.attempt
+        nproc, nnodes = spec.devices_per_replica, spec.replicas
+        master = f"worker-0.{service_name(job)}.{job.namespace}.svc"
+        resume = ctx.status.progress.get("resumeStep")
+        config_text = render_yaml("trainer", self.trainer_config(ctx))
+        out = []
+        for i in range(nnodes):
+            env = contract_env(job, spec, attempt=attempt, config_path=f"{CONFIG_DIR}/trainer.yaml",
+                               master_addr=master, nnodes=nnodes, node_rank=i, nproc=nproc)
+            if spec.device_type == "npu":
+                env["RANK_TABLE_FILE"] = f"{CONFIG_DIR}/{ranktable.RANK_TABLE_KEY}"
+            if isinstance(resume, int):
+                env["TREX_RESUME_STEP"] = str(resume)
+            if spec.kernels_from is not None:
+                env["TREX_KERNELS_FILE"] = f"{KERNELS_DIR}/kernels.json"
+            out.append(pod(job, spec, name=f"{job.name}-worker-{i}-a{attempt}", role="worker", attempt=attempt,
+                           command=[*LAUNCHER, "trex", "train", "--config", f"{CONFIG_DIR}/trainer.yaml"],
+                           env=env, devices=nproc if spec.device_type != "cpu" else 0, index=i,
+                           hostname=f"worker-{i}", config=config_map_name(job),
+                           kernels_from=spec.kernels_from.name if spec.kernels_from else None, gang_size=nnodes,
+                           config_text=config_text))
+        return out
+
+    def run(self, ctx: Ctx) -> None:
+        st = ctx.status
+        states = run_gang(ctx, self, self.pods(ctx), st.progress.get("resumeStep"))
+        if states is None:
+            return
+        if ctx.observed.metrics:
+            st.progress = train_progress(ctx.observed.metrics, st.progress, ctx.now)
+        if all(s.phase == "Succeeded" for s in states.values()):
+            rank0 = [classify_pod(p) for p in current_pods(ctx) if pod_index(p) == 0]
+            st.results = _summary_results(rank0 + list(states.values()))
+            st.progress = _scalar_progress(st.progress)
+            finish(ctx, self, "Succeeded", "Completed", f"all {len(states)} pod(s) succeeded")
+            return
+        if all(s.phase in ("Running", "Succeeded") for s in states.values()):
+            if st.phase != "Running":
+                ctx.move("Running", "AllPodsRunning", f"attempt {st.attempt}: {len(states)} pod(s) running")
+            stall = ctx.model.spec.run_policy.stall_seconds
+            if stalled(st.progress, stall, ctx.now):
+                set_condition(st, "Stalled", "True", "NoProgress",
+                              f"step {st.progress.get('step')} has not advanced for {stall}s", ctx.now, ctx.generation)
+            elif any(c.type == "Stalled" and c.status == "True" for c in st.conditions):
+                set_condition(st, "Stalled", "False", "Progressing", "the step advances again", ctx.now,
+                              ctx.generation)
+
+
+# ---- KernelTuneJob -----------------------------------------------------------------------------
+
+
+def geomean(values: list[float]) -> float | None:
+    """Geometric mean of positive values (None when there are none)."""
+    vals = [v for v in values if isinstance(v, int | float) and v > 0]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+class KernelTuneImpl(_PodKind):
+    """KernelTuneJob: one pod per backend/device target; results into status and <name>-kernels."""
+
+    def refs(self, ctx: Ctx) -> list[tuple[str, str, str]]:
+        return []
+
+    def config_text(self, ctx: Ctx) -> str:
+        cfg = ctx.model.spec.kernels.model_dump(mode="json", by_alias=True)
+        cfg["output"] = _resolve(cfg["output"], storage_mounts(ctx.model.spec).get("output"))
+        return render_yaml("kernels", cfg)
+
+    def children(self, ctx: Ctx) -> list[Manifest]:
+        return [config_map(ctx.job, config_map_name(ctx.job), {"kernels.yaml": self.config_text(ctx)})]
+
+    def pods(self, ctx: Ctx) -> list[Manifest]:
+        spec, job, attempt = ctx.model.spec, ctx.job, ctx.status.attempt
+        backend = spec.kernels.backend
+        env = contract_env(job, spec, attempt=attempt, config_path=f"{CONFIG_DIR}/kernels.yaml",
+                           master_addr="127.0.0.1", nnodes=1, node_rank=0, nproc=1)
+        return [pod(job, spec, name=f"{job.name}-{backend}-a{attempt}", role=f"tune-{backend}", attempt=attempt,
+                    command=["trex", "kernels", "tune", "--config", f"{CONFIG_DIR}/kernels.yaml"], env=env,
+                    devices=spec.devices_per_replica if spec.device_type != "cpu" else 0, index=0,
+                    config=config_map_name(job), config_text=self.config_text(ctx))]
+
+    def run(self, ctx: Ctx) -> None:
+        st = ctx.status
+        states = run_gang(ctx, self, self.pods(ctx), None)
+        if states is None:
+            return
+        if all(s.phase == "Succeeded" for s in states.values()):
+            kernels: dict[str, Any] = {}
+            reported: list[float] = []
+            for s in states.values():
+                k = s.summary.get("kernels")
+                if isinstance(k, dict):
+                    kernels.update(k)
+                g = s.summary.get("geomeanSpeedup")
+                if isinstance(g, int | float):
+                    reported.append(float(g))
+            speedups = [float(v["speedup"]) for v in kernels.values()
+                        if isinstance(v, dict) and isinstance(v.get("speedup"), int | float)]
+            g = reported[0] if len(reported) == 1 and len(states) == 1 else geomean(speedups)
+            st.results = {"backend": ctx.model.spec.kernels.backend, "kernels": kernels,
+                          "kernelsConfigMap": kernels_config_map_name(ctx.job.name)}
+            if g is not None:
+                st.results["geomeanSpeedup"] = round(g, 4)
+            st.progress = _scalar_progress(st.progress)
+            finish(ctx, self, "Succeeded", "Completed", f"tuned {len(kernels)} kernel(s)")
+            return
+        if all(s.phase in ("Running", "Succeeded") for s in states.values()) and st.phase != "Running":
+            ctx.move("Running", "AllPodsRunning", "tuning")
+
+    def finished(self, ctx: Ctx) -> None:
+        if ctx.status.phase == "Succeeded":
+            kernels = ctx.status.results.get("kernels") or {}
+            ctx.plan.ensure.append(config_map(ctx.job, kernels_config_map_name(ctx.job.name),
+                                              {"kernels.json": to_json(kernels),
+                                               "results.json": to_json(ctx.status.results)}))
+
+
+# ---- EvalJob -----------------------------------------------------------------------------------
+
+
+class EvalImpl(_PodKind):
+    """EvalJob: eval pod(s), optionally a model server Deployment + Service for the job's lifetime."""
+
+    def refs(self, ctx: Ctx) -> list[tuple[str, str, str]]:
+        ref = ctx.model.spec.model_from
+        return [("TrainJob", ref.name, "model checkpoint")] if ref is not None else []
+
+    def server_name(self, job: JobCtx) -> str:
+        return bounded_name(service_name(job), "server")
+
+    def model_path(self, ctx: Ctx) -> str | None:
+        ref = ctx.model.spec.model_from
+        if ref is None:
+            return None
+        body = ctx.deps.bodies.get(("TrainJob", ref.name))
+        if body is None:
+            return None
+        path = train_checkpoint_path(body, ref.step)
+        for entry in ctx.status.lineage:
+            if entry.kind == "TrainJob":
+                entry.detail = f"checkpoint {path}"
+        return path
+
+    def eval_config(self, ctx: Ctx) -> dict[str, Any]:
+        spec = ctx.model.spec
+        cfg: dict[str, Any] = spec.evaluation.model_dump(mode="json", by_alias=True)
+        cfg["output"] = _resolve(cfg["output"], storage_mounts(spec).get("output"))
+        if spec.server is not None:
+            cfg["model"]["url"] = f"http://{self.server_name(ctx.job)}.{ctx.job.namespace}.svc:{spec.server.port}/v1"
+        path = self.model_path(ctx)
+        if path is not None and cfg["model"]["kind"] == "trex-checkpoint":
+            cfg["model"]["path"] = path
+        return cfg
+
+    def children(self, ctx: Ctx) -> list[Manifest]:
+        spec, job = ctx.model.spec, ctx.job
+        cfg = self.eval_config(ctx)
+        data = {"eval.yaml": render_yaml("evaluation", cfg)}
+        if spec.pod_per_benchmark:
+            for i, b in enumerate(cfg["benchmarks"]):
+                data[f"eval-{i}.yaml"] = render_yaml("evaluation", {**cfg, "benchmarks": [b]})
+        out: list[Manifest] = [config_map(job, config_map_name(job), data)]
+        if spec.server is not None:
+            out.extend(self.server(ctx))
+        return out
+
+    def server(self, ctx: Ctx) -> list[Manifest]:
+        """Deployment + Service of the model server."""
+        spec, job = ctx.model.spec, ctx.job
+        srv = spec.server
+        name = self.server_name(job)
+        labels = child_labels(job, **{LABEL_ROLE: "server"})
+        args = list(srv.args)
+        path = self.model_path(ctx)
+        if path is not None:
+            args.append(path)
+        container: dict[str, Any] = {
+            "name": "server", "image": srv.image, "imagePullPolicy": spec.image_pull_policy, "args": args,
+            "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],
+            "readinessProbe": {"tcpSocket": {"port": srv.port}, "periodSeconds": 10},
+        }
+        res = pod_resources(spec, srv.devices if spec.device_type != "cpu" else 0,
+                            srv.resources.requests, srv.resources.limits)
+        if res:
+            container["resources"] = res
+        pod_spec: dict[str, Any] = {"containers": [container]}
+        checkpoints = spec.volumes.checkpoints
+        if path is not None and checkpoints is not None:
+            pod_spec["volumes"] = [{"name": "checkpoints", **volume_source(checkpoints)}]
+            container["volumeMounts"] = [{"name": "checkpoints", "mountPath": checkpoints.mount_path or "/checkpoints",
+                                          "readOnly": True}]
+        if spec.node_selector:
+            pod_spec["nodeSelector"] = dict(spec.node_selector)
+        if spec.tolerations:
+            pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+        sel = {**selector_labels(job), LABEL_ROLE: "server"}
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(job, name, labels),
+                      "spec": {"replicas": 1, "selector": {"matchLabels": sel},
+                               "template": {"metadata": {"labels": labels}, "spec": pod_spec}}}
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": metadata(job, name, labels),
+                   "spec": {"selector": sel, "ports": [{"name": "http", "port": srv.port, "targetPort": srv.port,
+                                                        "protocol": "TCP"}]}}
+        return [deployment, service]
+
+    def pods(self, ctx: Ctx) -> list[Manifest]:
+        spec, job, attempt = ctx.model.spec, ctx.job, ctx.status.attempt
+        n = len(spec.evaluation.benchmarks) if spec.pod_per_benchmark else 1
+        config_text = render_yaml("evaluation", self.eval_config(ctx))
+        out = []
+        for i in range(n):
+            cfg_file = f"{CONFIG_DIR}/eval-{i}.yaml" if spec.pod_per_benchmark else f"{CONFIG_DIR}/eval.yaml"
+            env = contract_env(job, spec, attempt=attempt, config_path=cfg_file, master_addr="127.0.0.1",
+                               nnodes=1, node_rank=0, nproc=1)
+            suffix = f"eval-{i}" if spec.pod_per_benchmark else "eval"
+            out.append(pod(job, spec, name=f"{job.name}-{suffix}-a{attempt}", role="eval", attempt=attempt,
+                           command=["trex", "eval", "--config", cfg_file], env=env, index=i,
+                           devices=spec.devices_per_replica if spec.device_type != "cpu" and spec.server is None
+                           and spec.evaluation.model.kind != "openai" else 0, config=config_map_name(job),
+                           config_text=config_text))
+        return out
+
+    def run(self, ctx: Ctx) -> None:
+        st, spec = ctx.status, ctx.model.spec
+        if spec.server is not None:
+            dep = ctx.observed.deployments.get(self.server_name(ctx.job)) or {}
+            available = (dep.get("status") or {}).get("availableReplicas") or 0
+            if not isinstance(available, int) or available < 1:
+                if st.start_time is None:
+                    st.start_time = iso(ctx.now)
+                if st.phase != "Starting" or st.reason != "WaitingForServer":
+                    ctx.move("Starting", "WaitingForServer", f"waiting for the model server {self.server_name(ctx.job)}")
+                return
+        states = run_gang(ctx, self, self.pods(ctx), None)
+        if states is None:
+            return
+        if ctx.observed.metrics:
+            st.progress = ratio_progress(ctx.observed.metrics, EVAL_RATIO, st.progress, ctx.now)
+        if all(s.phase == "Succeeded" for s in states.values()):
+            st.results = eval_results(list(states.values()))
+            st.progress = _scalar_progress(st.progress)
+            finish(ctx, self, "Succeeded", "Completed", f"evaluated {len(st.results.get('benchmarks', {}))} benchmark(s)")
+            return
+        if all(s.phase in ("Running", "Succeeded") for s in states.values()) and st.phase != "Running":
+            ctx.move("Running", "AllPodsRunning", "evaluating")
+
+    def workers(self, ctx: Ctx, running_only: bool) -> list[ChildRef]:
+        return pod_refs([p for p in ctx.observed.pods if (p.get("metadata") or {}).get("labels", {}).get(LABEL_ROLE)
+                         != "server"], running_only)
+
+    def suspended(self, ctx: Ctx) -> bool:
+        return not [p for p in ctx.observed.pods
+                    if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) != "server"]
+
+    def finished(self, ctx: Ctx) -> None:
+        name = self.server_name(ctx.job)
+        if name in ctx.observed.deployments:
+            ctx.plan.delete.append(ChildRef("apps/v1", "Deployment", name))
+            ctx.plan.delete.append(ChildRef("v1", "Service", name))
+
+
+def eval_results(states: list[PodState]) -> dict[str, Any]:
+    """Pass@1 per benchmark from the eval pods' summaries ({benchmarks: {name: {passAt1, ...}}} or flat)."""
+    benchmarks: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for s in states:
+        b = s.summary.get("benchmarks")
+        if isinstance(b, dict):
+            benchmarks.update({str(k): v for k, v in b.items() if isinstance(v, dict)})
+        elif isinstance(s.summary.get("benchmark"), str):
+            benchmarks[s.summary["benchmark"]] = {k: v for k, v in s.summary.items() if k != "benchmark"}
+        for k, v in s.summary.items():
+            if k not in ("benchmarks", "benchmark", "passAt1"):
+                extra.setdefault(k, v)
+    scores = [float(v["passAt1"]) for v in benchmarks.values() if isinstance(v.get("passAt1"), int | float)]
+    out: dict[str, Any] = {**extra, "benchmarks": benchmarks}
+    if scores:
+        out["passAt1"] = round(sum(scores) / len(scores), 4)
+    return out
+
+
+# ---- ORDataJob ---------------------------------------------------------------------------------
+
+
+def _job_condition(job: Manifest, type_: str) -> bool:
+    return any(isinstance(c, dict) and c.get("type") == type_ and c.get("status") == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])
+
+
+class ORDataImpl:
+    """ORDataJob: an Indexed batch Job (one completion per shard), then a merge Job."""
+
+    def refs(self, ctx: Ctx) -> list[tuple[str, str, str]]:
+        return []
+
+    def names(self, job: JobCtx) -> tuple[str, str]:
+        # batch Job names feed the batch.kubernetes.io/job-name pod label: at most 63 characters.
+        return bounded_name(job.name, "generate"), bounded_name(job.name, "merge")
+
+    def output(self, ctx: Ctx) -> str:
+        return _resolve(ctx.model.spec.ordata.output, storage_mounts(ctx.model.spec).get("output"))
+
+    def children(self, ctx: Ctx) -> list[Manifest]:
+        cfg = ctx.model.spec.ordata.model_dump(mode="json", by_alias=True)
+        cfg["output"] = self.output(ctx)
+        return [config_map(ctx.job, config_map_name(ctx.job), {"ordata.yaml": render_yaml("ordata", cfg)})]
+
+    def batch_job(self, ctx: Ctx, name: str, role: str, command: list[str], completions: int) -> Manifest:
+        spec, job = ctx.model.spec, ctx.job
+        env = contract_env(job, spec, attempt=ctx.status.attempt, config_path=f"{CONFIG_DIR}/ordata.yaml",
+                           master_addr="127.0.0.1", nnodes=1, node_rank=0, nproc=1)
+        template = pod(job, spec, name=name, role=role, attempt=ctx.status.attempt, command=command, env=env,
+                       devices=0, config=config_map_name(job))
+        tmeta = {k: v for k, v in template["metadata"].items() if k in ("labels", "annotations")}
+        job_spec: dict[str, Any] = {"completions": completions, "template": {"metadata": tmeta,
+                                                                            "spec": template["spec"]}}
+        if role == "generate":
+            job_spec.update({"completionMode": "Indexed", "parallelism": min(spec.parallelism, completions),
+                             "backoffLimitPerIndex": spec.backoff_limit_per_index})
+        else:
+            job_spec.update({"parallelism": 1, "backoffLimit": spec.run_policy.backoff_limit})
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": metadata(job, name, child_labels(job, **{LABEL_ROLE: role})), "spec": job_spec}
+
+    def run(self, ctx: Ctx) -> None:
+        st, spec = ctx.status, ctx.model.spec
+        gen_name, merge_name = self.names(ctx.job)
+        shards = spec.ordata.shards.num_shards
+        gen = ctx.observed.batch_jobs.get(gen_name)
+        if gen is None:
+            ctx.plan.ensure.append(self.batch_job(
+                ctx, gen_name, "generate",
+                ["trex", "ordata", "generate", "--config", f"{CONFIG_DIR}/ordata.yaml",
+                 "--shard-index", "$(JOB_COMPLETION_INDEX)", "--num-shards", str(shards)], shards))
+            if st.start_time is None:
+                st.start_time = iso(ctx.now)
+            if st.phase in ("Pending", None):
+                ctx.move("Starting", "GenerateJobCreated", f"generating {shards} shard(s)")
+            return
+        gstatus = gen.get("status") or {}
+        done: int = gstatus["succeeded"] if isinstance(gstatus.get("succeeded"), int) else 0
+        if _job_condition(gen, "Failed"):
+            failed = gstatus.get("failedIndexes") or gstatus.get("failed") or "?"
+            finish(ctx, self, "Failed", "ShardsFailed", f"shard generation failed (failed indexes: {failed})")
+            return
+        if not (_job_condition(gen, "Complete") or done >= shards):
+            st.progress = {**st.progress, "shardsDone": done, "shards": shards,
+                           "percent": f"{90.0 * done / shards:.1f}%", "updatedAt": iso(ctx.now)}
+            if (gstatus.get("active") or 0) > 0 and st.phase != "Running":
+                ctx.move("Running", "Generating", f"{shards} shard(s), parallelism {min(spec.parallelism, shards)}")
+            return
+        merge = ctx.observed.batch_jobs.get(merge_name)
+        if merge is None:
+            ctx.plan.ensure.append(self.batch_job(ctx, merge_name, "merge",
+                                                  ["trex", "ordata", "merge", self.output(ctx)], 1))
+            st.progress = {**st.progress, "shardsDone": shards, "shards": shards, "percent": "90.0%",
+                           "updatedAt": iso(ctx.now)}
+            if st.phase != "Running":
+                ctx.move("Running", "Merging", "all shards generated; merging")
+            return
+        if _job_condition(merge, "Failed"):
+            finish(ctx, self, "Failed", "MergeFailed", "the merge Job failed")
+            return
+        if _job_condition(merge, "Complete") or ((merge.get("status") or {}).get("succeeded") or 0) >= 1:
+            merge_pods = [classify_pod(p) for p in ctx.observed.pods
+                          if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) == "merge"]
+            st.results = ordata_results([s for s in merge_pods if s.phase == "Succeeded"] or merge_pods)
+            st.progress = _scalar_progress(st.progress)
+            finish(ctx, self, "Succeeded", "Completed", f"{st.results.get('accepted', 0)} sample(s) accepted")
+
+    def workers(self, ctx: Ctx, running_only: bool) -> list[ChildRef]:
+        out = []
+        for name, job in ctx.observed.batch_jobs.items():
+            if running_only and (_job_condition(job, "Complete") or _job_condition(job, "Failed")):
+                continue
+            out.append(ChildRef("batch/v1", "Job", name))
+        return out
+
+    def suspended(self, ctx: Ctx) -> bool:
+        return not ctx.observed.batch_jobs and not [p for p in ctx.observed.pods
+                                                    if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
+
+    def finished(self, ctx: Ctx) -> None:
+        return None
+
+
+ORDATA_COUNTS = ("generated", "solved", "verified", "accepted", "duplicates")
+
+
+def ordata_results(states: list[PodState]) -> dict[str, Any]:
+    """Counts {generated, solved, verified, accepted, rejected by reason, duplicates} from the merge summary."""
+    summary = _summary_results(states)
+    counts: dict[str, Any] = summary["counts"] if isinstance(summary.get("counts"), dict) else summary
+    out: dict[str, Any] = {k: v for k, v in summary.items() if k not in ("counts",)}
+    for key in ORDATA_COUNTS:
+        v = counts.get(key)
+        out[key] = int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+    rejected = counts.get("rejected")
+    out["rejected"] = {str(k): int(v) for k, v in rejected.items() if isinstance(v, int | float)} \
+        if isinstance(rejected, dict) else {}
+    return out
+
+
+IMPLS: dict[str, KindImpl] = {
+    "TrainJob": TrainImpl(), "KernelTuneJob": KernelTuneImpl(), "EvalJob": EvalImpl(), "ORDataJob": ORDataImpl(),
+}

@@ -1,0 +1,195 @@
+"""Child manifests: strict validation against the Kubernetes schemas, the env contract, rendered configs."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from trex.config_base import load_section
+from trex.evaluation.config import EvalConfig
+from trex.runtime.env import ENV_VARS, read_env
+from trex.trainer.config import TrainerConfig
+from trex_operator.engine import plan_job
+from trex_operator.kinds import bounded_name
+from trex_operator.plan import Manifest, Observed
+from trex_operator.reconciler import referenced
+
+REPO = Path(__file__).resolve().parents[3]
+K8S = "1.33"
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+EXAMPLES = sorted([*REPO.glob("examples/*.yaml"), *REPO.glob("examples/quickstart/*.yaml")])
+
+
+def _succeeded(kind: str, name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "trex.dev/v1alpha1", "kind": kind, "metadata": {"name": name, "uid": f"uid-{name}"},
+            "spec": spec or {}, "status": {"phase": "Succeeded"}}
+
+
+def _body(kind: str, spec: dict[str, Any], name: str = "job") -> dict[str, Any]:
+    return {"apiVersion": "trex.dev/v1alpha1", "kind": kind,
+            "metadata": {"name": name, "namespace": "ns", "uid": "uid-1", "labels": {"team": "or"}}, "spec": spec}
+
+
+def all_children(body: dict[str, Any]) -> list[Manifest]:
+    """Every child the planner creates over a job's life (dependencies met, servers ready, shards done)."""
+    obs = Observed(now=NOW)
+    for kind, name in referenced(body):
+        obs.refs[(kind, name)] = _succeeded(kind, name)
+    out = list(plan_job(body, obs).ensure)
+    for m in out:
+        if m["kind"] == "Deployment":
+            obs.deployments[m["metadata"]["name"]] = {**m, "status": {"availableReplicas": 1}}
+        if m["kind"] == "Job":
+            obs.batch_jobs[m["metadata"]["name"]] = {**m, "status": {"conditions": [{"type": "Complete",
+                                                                                     "status": "True"}]}}
+    status = plan_job(body, obs)
+    out += [m for m in status.ensure if m["metadata"]["name"] not in {o["metadata"]["name"] for o in out}]
+    return out
+
+
+def _examples() -> list[dict[str, Any]]:
+    bodies = []
+    for path in EXAMPLES:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                doc["metadata"].update(namespace="ns", uid="uid-1")
+                bodies.append(doc)
+    return bodies
+
+
+TRAIN = {"replicas": 2, "trainer": {"maxSteps": 10}}
+BUILT = [
+    _body("TrainJob", TRAIN),
+    _body("TrainJob", {"replicas": 2, "devicesPerReplica": 8, "deviceType": "npu",
+                       "scheduling": {"gang": "volcano", "queue": "q"}, "volumes": {"checkpoints": {"claimName": "ck"}},
+                       "dataFrom": {"name": "corpus"}, "kernelsFrom": {"name": "kern"},
+                       "trainer": {"parallelism": {"ep": 2}}}),
+    _body("TrainJob", {"replicas": 1, "deviceType": "gpu", "devicesPerReplica": 4,
+                       "scheduling": {"gang": "kueue", "queue": "lq"}, "trainer": {}}),
+    _body("KernelTuneJob", {"kernels": {"backend": "cpu-c"}}),
+    _body("ORDataJob", {"ordata": {"shards": {"numShards": 3}}, "volumes": {"output": {"hostPath": "/tmp/x"}}}),
+    _body("EvalJob", {"evaluation": {"benchmarks": [{"name": "nl4opt", "path": "/data/a"},
+                                                    {"name": "mamo_easy", "path": "/data/b"}],
+                                     "model": {"kind": "openai", "name": "m"}},
+                      "server": {"image": "vllm/vllm-openai:v0.6.0", "args": ["--served-model-name", "m"]},
+                      "modelFrom": {"name": "tj"}, "podPerBenchmark": True}),
+]
+
+
+@pytest.mark.parametrize("body", _examples() + BUILT,
+                         ids=lambda b: f"{b['kind']}-{b['metadata']['name']}-{len(str(b['spec']))}")
+def test_every_child_validates_strictly(body: dict[str, Any]) -> None:
+    children = all_children(body)
+    kinds = {m["kind"] for m in children}
+    assert "ConfigMap" in kinds and ({"Pod", "Job"} & kinds), kinds
+    for m in children:
+        ref = m["metadata"]["ownerReferences"][0]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (body["kind"], body["metadata"]["name"],
+                                                                             "uid-1", True)
+        if m["kind"] == "PodGroup":  # Volcano CRD: not part of the core schemas
+            assert m["spec"]["minMember"] == body["spec"]["replicas"]
+            continue
+        kubernetes_validate.validate(m, K8S, strict=True)
+
+
+def _pods(body: dict[str, Any]) -> list[Manifest]:
+    return [m for m in all_children(body) if m["kind"] == "Pod"]
+
+
+def _env(pod: Manifest) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+
+
+def test_train_env_contract_golden() -> None:
+    body = copy.deepcopy(BUILT[1])
+    pods = sorted(_pods(body), key=lambda p: p["metadata"]["name"])
+    assert [p["metadata"]["name"] for p in pods] == ["job-worker-0-a0", "job-worker-1-a0"]
+    env1 = _env(pods[1])
+    assert set(ENV_VARS) <= set(env1)
+    assert {k: env1[k] for k in ENV_VARS} == {
+        "TREX_JOB_KIND": "TrainJob", "TREX_JOB_NAME": "job", "TREX_ATTEMPT": "0",
+        "TREX_CONFIG": "/etc/trex/trainer.yaml", "MASTER_ADDR": "worker-0.job.ns.svc", "MASTER_PORT": "29500",
+        "WORLD_SIZE": "16", "RANK": "8", "NNODES": "2", "NODE_RANK": "1", "NPROC_PER_NODE": "8",
+        "TREX_METRICS_PORT": "9400",
+    }
+    assert env1["RANK_TABLE_FILE"] == "/etc/trex/hccl.json"
+    parsed = read_env(env1)  # the workloads' reader accepts what the operator writes
+    assert (parsed.world_size, parsed.rank, parsed.nproc_per_node, parsed.rank_table_file) == (16, 8, 8,
+                                                                                             "/etc/trex/hccl.json")
+    c = pods[1]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["huawei.com/Ascend910"] == "8" == c["resources"]["requests"]["huawei.com/Ascend910"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert c["command"][:4] == ["python", "-m", "trex.runtime.launch", "--"]
+    assert pods[1]["spec"]["schedulerName"] == "volcano"
+    assert pods[1]["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "job"
+    assert pods[1]["spec"]["hostname"] == "worker-1" and pods[1]["spec"]["subdomain"] == "job"
+    assert pods[1]["metadata"]["labels"]["team"] == "or"
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/etc/trex", "/etc/trex-kernels", "/checkpoints", "/dev/shm"} <= mounts
+
+
+def test_kueue_gpu_pod() -> None:
+    (pod,) = _pods(copy.deepcopy(BUILT[2]))
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "lq"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert "schedulerName" not in pod["spec"]
+
+
+def test_trainer_config_round_trips_and_takes_data_from_reference() -> None:
+    body = copy.deepcopy(BUILT[1])
+    obs = Observed(now=NOW)
+    obs.refs[("ORDataJob", "corpus")] = _succeeded("ORDataJob", "corpus", {"ordata": {"output": "or-out"},
+                                                                          "volumes": {"output": {"claimName": "p"}}})
+    obs.refs[("KernelTuneJob", "kern")] = _succeeded("KernelTuneJob", "kern")
+    plan = plan_job(body, obs)
+    cm = next(m for m in plan.ensure if m["kind"] == "ConfigMap")
+    cfg = load_section(TrainerConfig, yaml.safe_load(cm["data"]["trainer.yaml"])["trainer"])
+    expected = load_section(TrainerConfig, body["spec"]["trainer"])
+    assert cfg.data.train == "/output/or-out"
+    assert cfg.checkpoint.dir == "/checkpoints/checkpoints"
+    assert cfg.model_dump(exclude={"data", "checkpoint"}) == expected.model_dump(exclude={"data", "checkpoint"})
+    lineage = {(e["kind"], e["name"]) for e in plan.status["lineage"]}
+    assert lineage == {("ORDataJob", "corpus"), ("KernelTuneJob", "kern")}
+
+
+def test_ordata_jobs() -> None:
+    jobs = {m["metadata"]["name"]: m for m in all_children(copy.deepcopy(BUILT[4])) if m["kind"] == "Job"}
+    gen, merge = jobs["job-generate"], jobs["job-merge"]
+    assert gen["spec"]["completionMode"] == "Indexed" and gen["spec"]["completions"] == 3
+    assert gen["spec"]["parallelism"] == 3 and gen["spec"]["backoffLimitPerIndex"] == 2
+    cmd = gen["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[-4:] == ["--shard-index", "$(JOB_COMPLETION_INDEX)", "--num-shards", "3"]
+    assert merge["spec"]["template"]["spec"]["containers"][0]["command"] == ["trex", "ordata", "merge", "/output/ordata-out"]
+
+
+def test_eval_server_and_pod_per_benchmark() -> None:
+    body = copy.deepcopy(BUILT[5])
+    body["spec"]["modelFrom"]["step"] = 500
+    body["spec"]["volumes"] = {"checkpoints": {"claimName": "ck"}}
+    obs = Observed(now=NOW)
+    obs.refs[("TrainJob", "tj")] = _succeeded("TrainJob", "tj", {"volumes": {"checkpoints": {"claimName": "ck"}},
+                                                                 "trainer": {"checkpoint": {"dir": "run1"}}})
+    children = plan_job(body, obs).ensure
+    dep = next(m for m in children if m["kind"] == "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["args"] == ["--served-model-name", "m",
+                                                                        "/checkpoints/run1/step-00000500"]
+    obs.deployments[dep["metadata"]["name"]] = {**dep, "status": {"availableReplicas": 1}}
+    children = plan_job(body, obs).ensure
+    pods = sorted((m for m in children if m["kind"] == "Pod"), key=lambda p: p["metadata"]["name"])
+    assert [p["metadata"]["name"] for p in pods] == ["job-eval-0-a0", "job-eval-1-a0"]
+    cm = next(m for m in children if m["kind"] == "ConfigMap")
+    cfg = load_section(EvalConfig, yaml.safe_load(cm["data"]["eval-1.yaml"])["evaluation"])
+    assert [b.name for b in cfg.benchmarks] == ["mamo_easy"]
+    assert cfg.model.url == "http://job-server.ns.svc:8000/v1"
+
+
+def test_bounded_names() -> None:
+    long = "a" * 63
+    names = {bounded_name(long, "generate"), bounded_name(long[:-1] + "b", "generate")}
+    assert len(names) == 2 and all(len(n) <= 63 and n.endswith("-generate") for n in names)
+    assert bounded_name("short", "merge") == "short-merge"
