@@ -173,9 +173,38 @@ def storage_mounts(spec: CommonSpec) -> dict[str, str]:
     return out
 
 
+REFS_DIR = "/refs"
+
+
+@dataclass(frozen=True)
+class RefMount:
+    """A referenced job's storage, mounted read-only at /refs/<job name> (its outputs as this pod's inputs)."""
+
+    job_name: str
+    source: dict[str, Any]
+
+    @property
+    def mount_path(self) -> str:
+        """Where the referenced storage appears in the pod."""
+        return f"{REFS_DIR}/{self.job_name}"
+
+
+def ref_volume_source(storage: Any) -> dict[str, Any] | None:
+    """Read-only volume source of a referenced job's raw storage spec; None when it cannot be shared."""
+    if not isinstance(storage, dict):
+        return None
+    if isinstance(storage.get("claimName"), str):
+        return {"persistentVolumeClaim": {"claimName": storage["claimName"], "readOnly": True}}
+    if isinstance(storage.get("hostPath"), str):
+        return {"hostPath": {"path": storage["hostPath"], "type": "Directory"}}
+    return None
+
+
 def volumes(job: JobCtx, spec: CommonSpec, config: str | None = None,
-            kernels_from: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Pod volumes and container mounts: config map, kernels, data/checkpoints/output storage, /dev/shm."""
+            kernels_from: str | None = None,
+            refs: tuple[RefMount, ...] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Pod volumes and container mounts: config map, kernels, data/checkpoints/output storage, referenced
+    jobs' storage (read-only under /refs), /dev/shm."""
     vols: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if config is not None:
@@ -188,6 +217,9 @@ def volumes(job: JobCtx, spec: CommonSpec, config: str | None = None,
         storage: StorageSpec = getattr(spec.volumes, key)
         vols.append({"name": key, **volume_source(storage)})
         mounts.append({"name": key, "mountPath": path})
+    for i, ref in enumerate(refs):
+        vols.append({"name": f"ref-{i}", **ref.source})
+        mounts.append({"name": f"ref-{i}", "mountPath": ref.mount_path, "readOnly": True})
     if spec.device_type != "cpu":
         vols.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -205,7 +237,7 @@ def env_list(values: dict[str, str], spec: CommonSpec) -> list[dict[str, Any]]:
 def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, command: list[str],
         env: dict[str, str], devices: int, index: int | None = None, hostname: str | None = None,
         config: str | None = None, kernels_from: str | None = None, gang_size: int = 1,
-        config_text: str | None = None) -> Manifest:
+        config_text: str | None = None, refs: tuple[RefMount, ...] = ()) -> Manifest:
     """A workload pod: one container running ``command`` with the env contract, devices and volumes.
 
     ``config_text`` (the rendered workload config) is hashed into an annotation, so a config change
@@ -229,7 +261,7 @@ def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, co
         annotations[KUEUE_GROUP_COUNT] = str(gang_size)
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
-    vols, mounts = volumes(job, spec, config=config, kernels_from=kernels_from)
+    vols, mounts = volumes(job, spec, config=config, kernels_from=kernels_from, refs=refs)
     container: dict[str, Any] = {
         "name": "trex", "image": spec.image, "imagePullPolicy": spec.image_pull_policy, "command": command,
         "env": env_list(env, spec), "ports": [{"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"}],

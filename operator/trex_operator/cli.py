@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="Liveness endpoint URL ('' = off).")
     run.add_argument("--peering", default=None,
                      help="kopf peering name for several operator replicas (default: standalone).")
+    run.add_argument("--priority", type=int, default=0,
+                     help="kopf peering priority: with several replicas the highest is active (default 0).")
     run.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     return p
 
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(kopf.operator(
             registry=registry, clusterwide=not namespaces, namespaces=namespaces,
-            standalone=args.peering is None, peering_name=args.peering,
+            standalone=args.peering is None, peering_name=args.peering, priority=args.priority,
             liveness_endpoint=args.liveness or None,
         ))
     except KeyboardInterrupt:

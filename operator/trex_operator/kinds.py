@@ -13,6 +13,7 @@ from trex_operator.children import (
     KERNELS_DIR,
     LABEL_ROLE,
     JobCtx,
+    RefMount,
     child_labels,
     config_map,
     config_map_name,
@@ -22,6 +23,7 @@ from trex_operator.children import (
     metadata,
     pod,
     pod_resources,
+    ref_volume_source,
     render_yaml,
     selector_labels,
     service_name,
@@ -76,19 +78,64 @@ def _mount_of(spec: dict[str, Any], key: str, default: str) -> str | None:
     return str(storage.get("mountPath") or default)
 
 
+def _name_of(body: dict[str, Any]) -> str:
+    meta = body.get("metadata")
+    return str(meta.get("name", "")) if isinstance(meta, dict) else ""
+
+
+def _ref_path(body: dict[str, Any], volume: str, default_mount: str, path: str) -> tuple[RefMount | None, str]:
+    """How a referenced job's ``path`` on its ``volume`` appears in a consumer pod.
+
+    With a shareable volume (PVC or hostPath) the consumer mounts it read-only at /refs/<job> and the
+    path is re-rooted there; otherwise (no volume, emptyDir, a path outside the volume) the path is
+    returned as it is, which only works when both jobs see the same shared filesystem at that path.
+    """
+    spec = _ref_spec(body)
+    vols = spec.get("volumes") if isinstance(spec.get("volumes"), dict) else {}
+    storage = vols.get(volume) if isinstance(vols, dict) else None
+    source = ref_volume_source(storage)
+    mount = _mount_of(spec, volume, default_mount)
+    if source is None or mount is None:
+        return None, _resolve(path, mount)
+    if path.startswith("/"):
+        if path != mount and not path.startswith(mount.rstrip("/") + "/"):
+            return None, path
+        rel = path[len(mount):].lstrip("/")
+    else:
+        rel = path
+    ref = RefMount(_name_of(body), source)
+    return ref, posixpath.join(ref.mount_path, rel) if rel else ref.mount_path
+
+
 def ordata_output_path(body: dict[str, Any]) -> str:
-    """Where an ORDataJob's merged corpus lives (its output dir, under its output volume when relative)."""
+    """Where an ORDataJob's corpus lives in a consumer pod (under /refs/<job> when its volume is shareable)."""
+    return ordata_output_ref(body)[1]
+
+
+def ordata_output_ref(body: dict[str, Any]) -> tuple[RefMount | None, str]:
+    """The ORDataJob's output volume as a consumer mount, and its output directory in the consumer pod."""
     spec = _ref_spec(body)
     out = str((spec.get("ordata") or {}).get("output") or "ordata-out")
-    return _resolve(out, _mount_of(spec, "output", "/output"))
+    return _ref_path(body, "output", "/output", out)
 
 
 def train_checkpoint_path(body: dict[str, Any], step: int | None) -> str:
-    """A TrainJob's checkpoint directory (under its checkpoints volume when relative), optionally one step."""
+    """A TrainJob's checkpoint directory in a consumer pod, optionally one step."""
+    return train_checkpoint_ref(body, step)[1]
+
+
+def train_checkpoint_ref(body: dict[str, Any], step: int | None) -> tuple[RefMount | None, str]:
+    """The TrainJob's checkpoint volume as a consumer mount, and its checkpoint directory (or step) there."""
     spec = _ref_spec(body)
     ckpt = str(((spec.get("trainer") or {}).get("checkpoint") or {}).get("dir") or "checkpoints")
-    path = _resolve(ckpt, _mount_of(spec, "checkpoints", "/checkpoints"))
-    return posixpath.join(path, f"step-{step:08d}") if step is not None else path
+    ref, path = _ref_path(body, "checkpoints", "/checkpoints", ckpt)
+    return ref, posixpath.join(path, f"step-{step:08d}") if step is not None else path
+
+
+def training_files(corpus_dir: str, mode: str) -> str:
+    """The merged ORData files a trainer mode reads: chat samples for SFT/OPD, text documents otherwise."""
+    rendering = "sft" if mode in ("sft", "opd") else "cpt"
+    return posixpath.join(corpus_dir, "merged", f"{rendering}-*.jsonl")
 
 
 def _summary_results(states: list[PodState]) -> dict[str, Any]:
@@ -138,7 +185,7 @@ class TrainImpl(_PodKind):
         if spec.data_from is not None:
             body = ctx.deps.bodies.get(("ORDataJob", spec.data_from.name))
             if body is not None:
-                cfg["data"]["train"] = ordata_output_path(body)
+                cfg["data"]["train"] = training_files(ordata_output_path(body), spec.trainer.mode)
                 for entry in ctx.status.lineage:
                     if entry.kind == "ORDataJob":
                         entry.detail = f"training data {cfg['data']['train']}"
@@ -176,6 +223,13 @@ class TrainImpl(_PodKind):
                           "waiting for every pod to be scheduled with its NPUs", ctx.now, ctx.generation)
         return table
 
+    def refs_mounts(self, ctx: Ctx) -> tuple[RefMount, ...]:
+        """The referenced ORDataJob's output volume, mounted read-only in the workers."""
+        spec = ctx.model.spec
+        body = ctx.deps.bodies.get(("ORDataJob", spec.data_from.name)) if spec.data_from is not None else None
+        ref = ordata_output_ref(body)[0] if body is not None else None
+        return (ref,) if ref is not None else ()
+
     def pods(self, ctx: Ctx) -> list[Manifest]:
         """The worker pods of the current attempt."""
         spec, job, attempt = ctx.model.spec, ctx.job, ctx.status.attempt
@@ -198,7 +252,7 @@ class TrainImpl(_PodKind):
                            env=env, devices=nproc if spec.device_type != "cpu" else 0, index=i,
                            hostname=f"worker-{i}", config=config_map_name(job),
                            kernels_from=spec.kernels_from.name if spec.kernels_from else None, gang_size=nnodes,
-                           config_text=config_text))
+                           config_text=config_text, refs=self.refs_mounts(ctx)))
         return out
 
     def run(self, ctx: Ctx) -> None:
@@ -310,6 +364,13 @@ class EvalImpl(_PodKind):
     def server_name(self, job: JobCtx) -> str:
         return bounded_name(service_name(job), "server")
 
+    def refs_mounts(self, ctx: Ctx) -> tuple[RefMount, ...]:
+        """The referenced TrainJob's checkpoint volume, mounted read-only in the eval pods."""
+        ref = ctx.model.spec.model_from
+        body = ctx.deps.bodies.get(("TrainJob", ref.name)) if ref is not None else None
+        mount = train_checkpoint_ref(body, None)[0] if body is not None else None
+        return (mount,) if mount is not None else ()
+
     def model_path(self, ctx: Ctx) -> str | None:
         ref = ctx.model.spec.model_from
         if ref is None:
@@ -366,8 +427,13 @@ class EvalImpl(_PodKind):
         if res:
             container["resources"] = res
         pod_spec: dict[str, Any] = {"containers": [container]}
+        refs = self.refs_mounts(ctx)
         checkpoints = spec.volumes.checkpoints
-        if path is not None and checkpoints is not None:
+        if path is not None and refs:
+            pod_spec["volumes"] = [{"name": f"ref-{i}", **r.source} for i, r in enumerate(refs)]
+            container["volumeMounts"] = [{"name": f"ref-{i}", "mountPath": r.mount_path, "readOnly": True}
+                                         for i, r in enumerate(refs)]
+        elif path is not None and checkpoints is not None:
             pod_spec["volumes"] = [{"name": "checkpoints", **volume_source(checkpoints)}]
             container["volumeMounts"] = [{"name": "checkpoints", "mountPath": checkpoints.mount_path or "/checkpoints",
                                           "readOnly": True}]
@@ -398,7 +464,7 @@ class EvalImpl(_PodKind):
                            command=["trex", "eval", "--config", cfg_file], env=env, index=i,
                            devices=spec.devices_per_replica if spec.device_type != "cpu" and spec.server is None
                            and spec.evaluation.model.kind != "openai" else 0, config=config_map_name(job),
-                           config_text=config_text))
+                           config_text=config_text, refs=self.refs_mounts(ctx)))
         return out
 
     def run(self, ctx: Ctx) -> None:

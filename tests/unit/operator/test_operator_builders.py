@@ -150,8 +150,15 @@ def test_trainer_config_round_trips_and_takes_data_from_reference() -> None:
     cm = next(m for m in plan.ensure if m["kind"] == "ConfigMap")
     cfg = load_section(TrainerConfig, yaml.safe_load(cm["data"]["trainer.yaml"])["trainer"])
     expected = load_section(TrainerConfig, body["spec"]["trainer"])
-    assert cfg.data.train == "/output/or-out"
+    # The ORDataJob's output volume is mounted read-only at /refs/<job>; training reads its merged text
+    # documents (mode pretrain) and never the held-out split.
+    assert cfg.data.train == "/refs/corpus/or-out/merged/cpt-*.jsonl"
     assert cfg.checkpoint.dir == "/checkpoints/checkpoints"
+    worker = next(m for m in plan.ensure if m["kind"] == "Pod")
+    vols = {v["name"]: v for v in worker["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in worker["spec"]["containers"][0]["volumeMounts"]}
+    assert vols["ref-0"]["persistentVolumeClaim"] == {"claimName": "p", "readOnly": True}
+    assert mounts["ref-0"] == {"name": "ref-0", "mountPath": "/refs/corpus", "readOnly": True}
     assert cfg.model_dump(exclude={"data", "checkpoint"}) == expected.model_dump(exclude={"data", "checkpoint"})
     lineage = {(e["kind"], e["name"]) for e in plan.status["lineage"]}
     assert lineage == {("ORDataJob", "corpus"), ("KernelTuneJob", "kern")}
@@ -177,7 +184,9 @@ def test_eval_server_and_pod_per_benchmark() -> None:
     children = plan_job(body, obs).ensure
     dep = next(m for m in children if m["kind"] == "Deployment")
     assert dep["spec"]["template"]["spec"]["containers"][0]["args"] == ["--served-model-name", "m",
-                                                                        "/checkpoints/run1/step-00000500"]
+                                                                        "/refs/tj/run1/step-00000500"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "ref-0", "mountPath": "/refs/tj", "readOnly": True}]
     obs.deployments[dep["metadata"]["name"]] = {**dep, "status": {"availableReplicas": 1}}
     children = plan_job(body, obs).ensure
     pods = sorted((m for m in children if m["kind"] == "Pod"), key=lambda p: p["metadata"]["name"])
@@ -193,3 +202,21 @@ def test_bounded_names() -> None:
     names = {bounded_name(long, "generate"), bounded_name(long[:-1] + "b", "generate")}
     assert len(names) == 2 and all(len(n) <= 63 and n.endswith("-generate") for n in names)
     assert bounded_name("short", "merge") == "short-merge"
+
+
+def test_references_without_shareable_storage_keep_the_path() -> None:
+    """An emptyDir (or no) output volume cannot be mounted elsewhere: the path stays as the job wrote it."""
+    from trex_operator.kinds import ordata_output_ref, train_checkpoint_ref, training_files
+
+    ref, path = ordata_output_ref({"metadata": {"name": "d"}, "spec": {"ordata": {"output": "o"},
+                                                                     "volumes": {"output": {"emptyDir": True}}}})
+    assert ref is None and path == "/output/o"
+    ref, path = ordata_output_ref({"metadata": {"name": "d"}, "spec": {"ordata": {"output": "/elsewhere/o"},
+                                                                     "volumes": {"output": {"hostPath": "/h"}}}})
+    assert ref is None and path == "/elsewhere/o"
+    ref, path = train_checkpoint_ref({"metadata": {"name": "t"}, "spec": {
+        "trainer": {"checkpoint": {"dir": "/checkpoints/run"}}, "volumes": {"checkpoints": {"hostPath": "/h"}}}}, 7)
+    assert ref is not None and ref.source == {"hostPath": {"path": "/h", "type": "Directory"}}
+    assert path == "/refs/t/run/step-00000007"
+    assert training_files("/refs/d/o", "sft") == "/refs/d/o/merged/sft-*.jsonl"
+    assert training_files("/refs/d/o", "cpt") == "/refs/d/o/merged/cpt-*.jsonl"
