@@ -1,0 +1,294 @@
+"""npu-ascendc backend: AscendC kernel templates plus host tiling structs (the same split as cpu-c:
+templates specialised by rendered constants, a tiling decided on the host).
+
+Unified Buffer (UB) per AI core, as shipped in CANN's platform_config/<SoC>.ini (`ub_size`):
+Ascend910B (Atlas A2): 196608 B = 192 KiB; Ascend910_93 (910C, two 910B-class dies): 192 KiB per core;
+Ascend310P: 262144 B = 256 KiB. UB addresses must be 32-byte aligned (CANN Ascend C API reference,
+"General Restrictions", Table 2). Double buffering (BUFFER_NUM = 2) allocates every queue twice, so it
+halves the tile that fits. Core counts are the vector-core counts of those ini files (`vector_core_cnt`
+/ `ai_core_cnt`); check them against the installed CANN for other SKUs.
+
+Compiling and running needs CANN (ccec and ASCEND_HOME_PATH) and torch_npu; without them compile()
+raises BackendUnavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import struct
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trex.kernels.backends.base import (
+    Backend,
+    BackendUnavailable,
+    Compiled,
+    DeviceFacts,
+    Params,
+    ParamSpace,
+    source_hash,
+)
+from trex.kernels.suite.base import KernelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class SocSpec:
+    """On-chip figures of one Ascend SoC used by the tiling model."""
+
+    ub_bytes: int
+    cores: int
+    hbm_bandwidth: float
+    vector_fp32_flops: float
+
+
+SOCS: dict[str, SocSpec] = {
+    # nominal bandwidths: 910B HBM2e ~1.6 TB/s; 310P LPDDR4X 204.8 GB/s (vendor datasheets)
+    "ascend910b": SocSpec(192 << 10, 40, 1.6e12, 40 * 2 * 64 * 1.8e9),
+    "ascend910c": SocSpec(192 << 10, 40, 1.6e12, 40 * 2 * 64 * 1.8e9),
+    "ascend310p": SocSpec(256 << 10, 8, 204.8e9, 8 * 2 * 64 * 1.08e9),
+}
+UB_ALIGN = 32
+ASCEND_KERNELS: dict[str, tuple[str, str]] = {
+    "rmsnorm_fwd": ("rmsnorm_fwd.cpp", "trex_rmsnorm_fwd"),
+    "swiglu_clamp_fwd": ("swiglu_clamp_fwd.cpp", "trex_swiglu_clamp_fwd"),
+    "rope_fwd": ("rope.cpp", "trex_rope_fwd"),
+    "rope_inv": ("rope.cpp", "trex_rope_inv"),
+}
+# queue slots per buffer (x BUFFER_NUM) and single scratch tiles, in TILE_LEN fp32 units
+_QUEUE_TILES = {"rmsnorm_fwd": (3, 2), "swiglu_clamp_fwd": (3, 1), "rope_fwd": (6, 1), "rope_inv": (6, 1)}
+
+
+@dataclass(frozen=True)
+class AscendTiling:
+    """Host tiling for one launch (mirrors struct TrexTiling in tiling.h) plus the launch's block_dim."""
+
+    rows: int
+    cols: int
+    rows_per_core: int
+    tile_len: int
+    tile_num: int
+    last_tile_len: int
+    scalar: float
+    block_dim: int
+    ub_bytes: int
+
+    def pack(self) -> bytes:
+        """Binary layout of struct TrexTiling (six uint32 then one float, little endian)."""
+        return struct.pack("<6If", self.rows, self.cols, self.rows_per_core, self.tile_len, self.tile_num,
+                           self.last_tile_len, self.scalar)
+
+
+def ub_bytes(kernel: str, params: Mapping[str, int]) -> int:
+    """UB bytes the kernel allocates for these parameters (fp32 elements)."""
+    q, scratch = _QUEUE_TILES[kernel]
+    return (q * int(params["BUFFER_NUM"]) + scratch) * int(params["TILE_LEN"]) * 4
+
+
+def _rows_cols(spec: KernelSpec, shape: Mapping[str, int]) -> tuple[int, int, float]:
+    if spec.name.startswith("rope"):
+        return shape["tokens"] * shape["heads"], shape["dim"] // 2, 1.0 if spec.name == "rope_fwd" else -1.0
+    scalar = spec.scalars.get("eps", spec.scalars.get("limit", 0.0))
+    return shape["rows"], shape["cols"], float(scalar)
+
+
+def make_tiling(spec: KernelSpec, shape: Mapping[str, int], params: Mapping[str, int], soc: str) -> AscendTiling:
+    """Host tiling for a problem; ValueError naming the violated rule when it cannot fit or align."""
+    if spec.name not in ASCEND_KERNELS:
+        raise ValueError(f"npu-ascendc has no template for {spec.name}")
+    chip = SOCS[soc]
+    tile, bufs, cores = int(params["TILE_LEN"]), int(params["BUFFER_NUM"]), int(params["BLOCK_DIM"])
+    if (tile * 4) % UB_ALIGN:
+        raise ValueError(f"params.TILE_LEN={tile}: tiles must be multiples of {UB_ALIGN} bytes (8 fp32)")
+    if bufs not in (1, 2):
+        raise ValueError(f"params.BUFFER_NUM={bufs}: must be 1 or 2")
+    if not 1 <= cores <= chip.cores:
+        raise ValueError(f"params.BLOCK_DIM={cores}: {soc} has {chip.cores} vector cores")
+    used = ub_bytes(spec.name, params)
+    if used > chip.ub_bytes:
+        raise ValueError(f"tiling needs {used} B of UB but {soc} has {chip.ub_bytes} B per core "
+                         f"(TILE_LEN={tile}, BUFFER_NUM={bufs}); lower TILE_LEN or use single buffering")
+    rows, cols, scalar = _rows_cols(spec, shape)
+    if (cols * 4) % UB_ALIGN:
+        raise ValueError(f"row length {cols} fp32 is not 32-byte aligned; these templates copy whole 32 B blocks")
+    per_core = -(-rows // cores)
+    tile_num = -(-cols // tile)
+    last = cols - (tile_num - 1) * tile
+    return AscendTiling(rows, cols, per_core, tile, tile_num, last, scalar, -(-rows // per_core), used)
+
+
+def _template(name: str) -> str:
+    return resources.files("trex.kernels.backends").joinpath("ascendc_templates", name).read_text(encoding="utf-8")
+
+
+def cann_home() -> Path | None:
+    """The CANN toolkit root when installed (ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME, or next to ccec)."""
+    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
+        v = os.environ.get(var)
+        if v and Path(v).exists():
+            return Path(v)
+    ccec = shutil.which("ccec")
+    return Path(ccec).resolve().parents[2] if ccec else None
+
+
+class AscendCompiled(Compiled):
+    """A built kernel library launched through its generated aclrtlaunch_<name> entry point."""
+
+    def __init__(self, spec: KernelSpec, params: Params, dtype: str, digest: str, lib: Any, entry: str, soc: str) -> None:
+        self.spec, self.params, self.dtype, self.source_hash = spec, params, dtype, digest
+        self._fn = getattr(lib, f"aclrtlaunch_{entry}")
+        self._soc = soc
+
+    def bind(self, inputs: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor],
+             shape: Mapping[str, int]) -> Callable[[], None]:
+        import torch
+
+        t = make_tiling(self.spec, shape, self.params, self._soc)
+        dev = next(iter(inputs.values())).device
+        tiling = torch.frombuffer(bytearray(t.pack()), dtype=torch.uint8).to(dev)
+        ptrs = [ctypes.c_void_p(inputs[b.name].data_ptr()) for b in self.spec.inputs]
+        ptrs += [ctypes.c_void_p(outputs[b.name].data_ptr()) for b in self.spec.outputs]
+        extra = [ctypes.c_uint32(shape["heads"])] if self.spec.name.startswith("rope") else []
+        stream = ctypes.c_void_p(torch.npu.current_stream().npu_stream)  # type: ignore[attr-defined]
+        fn, keep = self._fn, (tiling, inputs, outputs)
+
+        def launch() -> None:
+            fn(ctypes.c_uint32(t.block_dim), stream, *ptrs, ctypes.c_void_p(keep[0].data_ptr()), *extra)
+        return launch
+
+
+class AscendCBackend(Backend):
+    """AscendC on Ascend NPUs; rendering and tiling work everywhere, building needs CANN."""
+
+    name = "npu-ascendc"
+
+    def __init__(self, soc: str = "ascend910b", cache_dir: str | Path | None = None) -> None:
+        if soc not in SOCS:
+            raise ValueError(f"soc {soc!r} unknown; expected one of {sorted(SOCS)}")
+        self.soc = soc
+        from trex.kernels.backends.cpu_c import default_cache_dir
+
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ascendc"
+
+    def supports(self, spec: KernelSpec, dtype: str) -> bool:
+        return spec.name in ASCEND_KERNELS and dtype == "fp32"
+
+    def param_space(self, spec: KernelSpec, shape: Mapping[str, int]) -> ParamSpace:
+        cores = SOCS[self.soc].cores
+        return {"TILE_LEN": (256, 512, 1024, 2048, 4096, 8192, 16384), "BUFFER_NUM": (1, 2),
+                "BLOCK_DIM": tuple(sorted({1, max(1, cores // 4), max(1, cores // 2), cores}))}
+
+    def default_params(self, spec: KernelSpec, shape: Mapping[str, int]) -> Params:
+        return {"TILE_LEN": 1024, "BUFFER_NUM": 2, "BLOCK_DIM": SOCS[self.soc].cores}
+
+    def render(self, spec: KernelSpec, params: Mapping[str, int], dtype: str) -> str:
+        if not self.supports(spec, dtype):
+            raise ValueError(f"npu-ascendc has no {dtype} template for {spec.name}")
+        fname, entry = ASCEND_KERNELS[spec.name]
+        head = [f"// trex npu-ascendc {spec.name} soc={self.soc}", f"#define TILE_LEN {int(params['TILE_LEN'])}",
+                f"#define BUFFER_NUM {int(params['BUFFER_NUM'])}", f"#define KERNEL_NAME {entry}"]
+        body = _template(fname).replace('#include "tiling.h"', _template("tiling.h"))
+        return "\n".join(head) + "\n" + body
+
+    def ub_capacity(self) -> int:
+        """UB bytes per AI core of the configured SoC."""
+        return SOCS[self.soc].ub_bytes
+
+    def tile_capacity(self, facts: DeviceFacts) -> float:
+        return float(self.ub_capacity())
+
+    def facts(self) -> DeviceFacts:
+        chip = SOCS[self.soc]
+        return DeviceFacts(name=f"npu:{self.soc}", peak_flops=chip.vector_fp32_flops, bandwidth=chip.hbm_bandwidth,
+                           caches={"UB": chip.ub_bytes}, level_bandwidth={}, cores=chip.cores, source="catalog")
+
+    def predict(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, params: Mapping[str, int],
+                facts: DeviceFacts) -> float:
+        """HBM time over the cores used, plus per-tile issue cost (hidden by double buffering) and launch."""
+        rows, cols, _ = _rows_cols(spec, shape)
+        cores = int(params["BLOCK_DIM"])
+        per_core = -(-rows // cores)
+        tiles = per_core * -(-cols // int(params["TILE_LEN"]))
+        mem = spec.bytes_moved(shape, 4) / facts.bandwidth * (facts.cores / max(cores, 1)) ** 0.5
+        issue = tiles * (1.5e-6 if int(params["BUFFER_NUM"]) == 1 else 0.6e-6)
+        return float(mem + issue + 5e-6)
+
+    def compile(self, spec: KernelSpec, params: Mapping[str, int], dtype: str) -> AscendCompiled:
+        home = cann_home()
+        if home is None or (shutil.which("ccec") is None and not (home / "compiler" / "ccec_compiler").exists()):
+            raise BackendUnavailable("npu-ascendc needs CANN: set ASCEND_HOME_PATH (or put ccec on PATH); "
+                                     "rendering and tiling work without it, compiling and running do not")
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError as e:
+            raise BackendUnavailable("npu-ascendc runs kernels through torch_npu, which is not installed") from e
+        src = self.render(spec, params, dtype)
+        digest = source_hash(src + self.soc)
+        lib_path = self._build(src, digest, ASCEND_KERNELS[spec.name][1], home)
+        return AscendCompiled(spec, dict(params), dtype, digest, ctypes.CDLL(str(lib_path)),
+                              ASCEND_KERNELS[spec.name][1], self.soc)
+
+    def _build(self, src: str, digest: str, entry: str, home: Path) -> Path:
+        """ascendc_library() through CANN's CMake module; output cached by source hash."""
+        out = self.cache_dir / digest
+        lib = out / "build" / "lib" / f"lib{entry}.so"
+        if lib.exists():
+            return lib
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{entry}.cpp").write_text(src, encoding="utf-8")
+        soc_version = {"ascend910b": "Ascend910B1", "ascend910c": "Ascend910_9391", "ascend310p": "Ascend310P3"}[self.soc]
+        (out / "CMakeLists.txt").write_text(
+            "cmake_minimum_required(VERSION 3.16)\nproject(trex_ascendc LANGUAGES CXX)\n"
+            f"set(SOC_VERSION {soc_version})\nset(ASCEND_CANN_PACKAGE_PATH {home})\n"
+            "include(${ASCEND_CANN_PACKAGE_PATH}/compiler/tikcpp/ascendc_kernel_cmake/ascendc.cmake)\n"
+            f"ascendc_library({entry} SHARED {entry}.cpp)\n", encoding="utf-8")
+        for cmd in (["cmake", "-S", str(out), "-B", str(out / "build")], ["cmake", "--build", str(out / "build"), "-j"]):
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"AscendC build failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+        found = list((out / "build").rglob(f"lib{entry}.so"))
+        if not found:
+            raise RuntimeError(f"AscendC build produced no lib{entry}.so under {out / 'build'}")
+        return found[0]
+
+    def device(self) -> str:
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError as e:
+            raise BackendUnavailable("npu-ascendc runs kernels on an Ascend NPU through torch_npu, which is not "
+                                     "installed; rendering and tiling work without it") from e
+        return "npu"
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.npu.synchronize()  # type: ignore[attr-defined]
+
+
+def plan_tiling(spec: KernelSpec, shape: Mapping[str, int], backend: AscendCBackend, k: int = 3,
+                solver: str = "highs") -> list[tuple[Params, AscendTiling, float]]:
+    """MILP over (TILE_LEN, BUFFER_NUM, BLOCK_DIM): UB capacity, 32-byte alignment and no tile longer than the
+    padded row as constraints, predicted time as objective; the k best feasible tilings."""
+    from trex.kernels.tiling import enumerate_configs, solve_selection
+
+    space = backend.param_space(spec, shape)
+    configs = enumerate_configs(space)
+    facts = backend.facts()
+    rows, cols, _ = _rows_cols(spec, shape)
+    costs, weights, allowed = [], [], []
+    for c in configs:
+        costs.append(backend.predict(spec, shape, "fp32", c, facts) * 1e6)
+        weights.append(float(ub_bytes(spec.name, c)))
+        ok = (c["TILE_LEN"] * 4) % UB_ALIGN == 0 and c["TILE_LEN"] <= max(256, 1 << (cols - 1).bit_length()) \
+            and c["BLOCK_DIM"] <= max(1, rows)
+        allowed.append(ok)
+    idx = solve_selection(costs, weights, float(backend.ub_capacity()), allowed, k=k, solver=solver)  # type: ignore[arg-type]
+    return [(configs[i], make_tiling(spec, shape, configs[i], backend.soc), costs[i] / 1e6) for i in idx]

@@ -1,0 +1,123 @@
+"""Statistics before claims: interleaved timing of candidate and baseline, bootstrap confidence interval of
+the gain (ratio of medians), acceptance rule, and the hardware-ceiling sanity check."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from trex.kernels.backends.base import DeviceFacts
+from trex.kernels.suite.base import KernelSpec, elem_bytes
+
+MIN_GAIN = 1.03
+CEILING_MARGIN = 1.5
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call seconds of the two interleaved series and the gain statistics."""
+
+    cand: tuple[float, ...]
+    base: tuple[float, ...]
+    median_cand: float
+    median_base: float
+    gain: float
+    ci_low: float
+    ci_high: float
+
+
+def bootstrap_ci(cand: list[float], base: list[float], n_boot: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of median(base) / median(cand), resampling each series independently."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(cand), np.asarray(base)
+    ia = rng.integers(0, len(a), (n_boot, len(a)))
+    ib = rng.integers(0, len(b), (n_boot, len(b)))
+    ratios = np.median(b[ib], axis=1) / np.median(a[ia], axis=1)
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def summarize(cand: list[float], base: list[float], seed: int = 0) -> Timing:
+    """Medians, gain and its bootstrap CI."""
+    import numpy as np
+
+    mc, mb = float(np.median(cand)), float(np.median(base))
+    lo, hi = bootstrap_ci(cand, base, seed=seed)
+    return Timing(tuple(cand), tuple(base), mc, mb, mb / mc, lo, hi)
+
+
+def interleaved(cand: Callable[[], None], base: Callable[[], None], samples: int = 30, warmup: int = 3,
+                sync: Callable[[], None] | None = None, min_sample_s: float = 2e-4, seed: int = 0,
+                max_samples: int = 0) -> Timing:
+    """Time both launchers alternately (ABBA order) for ``samples`` samples each; per-call seconds.
+
+    When ``max_samples`` > ``samples``, a gain >= MIN_GAIN whose CI still includes 1 is re-measured with
+    ``samples`` more samples at a time, up to ``max_samples``.
+    """
+    s = sync or (lambda: None)
+    for _ in range(warmup):
+        cand()
+        base()
+    s()
+    t0 = time.perf_counter()
+    base()
+    s()
+    one = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, min(1000, int(min_sample_s / one)))
+
+    def run(f: Callable[[], None]) -> float:
+        t = time.perf_counter()
+        for _ in range(reps):
+            f()
+        s()
+        return (time.perf_counter() - t) / reps
+
+    tc: list[float] = []
+    tb: list[float] = []
+
+    def collect(n: int) -> None:
+        for i in range(n):
+            if (len(tc) + i) % 2 == 0:
+                tc.append(run(cand))
+                tb.append(run(base))
+            else:
+                tb.append(run(base))
+                tc.append(run(cand))
+
+    collect(samples)
+    t = summarize(tc, tb, seed=seed)
+    # sequential extension: a promising but not yet significant gain earns more samples (noisy hosts)
+    while len(tc) < max_samples and t.gain >= MIN_GAIN and t.ci_low <= 1.0:
+        collect(samples)
+        t = summarize(tc, tb, seed=seed)
+    return t
+
+
+def accept(t: Timing, min_gain: float = MIN_GAIN) -> tuple[bool, str]:
+    """Accept only a gain >= min_gain whose 95 % CI lies entirely above 1.0."""
+    if t.ci_low <= 1.0:
+        return False, f"no significant gain: {t.gain:.3f} (95% CI [{t.ci_low:.3f}, {t.ci_high:.3f}] not above 1)"
+    if t.gain < min_gain:
+        return False, f"gain {t.gain:.3f} below the {min_gain:.2f} threshold"
+    return True, f"gain {t.gain:.3f} (95% CI [{t.ci_low:.3f}, {t.ci_high:.3f}])"
+
+
+def ceiling_violation(spec: KernelSpec, shape: Mapping[str, int], dtype: str, seconds: float,
+                      facts: DeviceFacts, margin: float = CEILING_MARGIN) -> str | None:
+    """A time implying more than ``margin`` x the measured bandwidth or FLOP/s is a measurement or
+    correctness artefact (e.g. skipped work), never a speedup."""
+    if seconds <= 0:
+        return "non-positive time"
+    moved = spec.bytes_moved(shape, elem_bytes(dtype))
+    bw = moved / seconds
+    cap = facts.bandwidth_for(moved)
+    if bw > margin * cap:
+        return f"implies {bw / 1e9:.1f} GB/s, above {margin} x the measured {cap / 1e9:.1f} GB/s"
+    fl = spec.flops(shape) / seconds
+    if fl > margin * facts.peak_flops:
+        return f"implies {fl / 1e9:.1f} GFLOP/s, above {margin} x the measured peak {facts.peak_flops / 1e9:.1f}"
+    return None

@@ -1,0 +1,113 @@
+"""Roofline classification and the analytic cost model that ranks configurations before measuring them.
+
+regime: memory-bound when arithmetic intensity is below the ridge point (peak / bandwidth of the level
+that holds the working set), compute-bound above it, overhead-bound when the roofline time is below a
+few launch overheads. ``predict`` refines the bound with the effect of each cpu-c parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from trex.kernels.backends.base import DeviceFacts
+from trex.kernels.suite.base import KernelSpec, elem_bytes
+
+Regime = Literal["memory", "compute", "overhead"]
+LAUNCH_S = 3e-6
+FORK_JOIN_S = 8e-6
+OVERLAP = 0.25
+# transcendental evaluations per element (libm expf costs ~10x a vectorised polynomial)
+EXP_PER_ELEM = {"elementwise": 1.0, "loss": 1.5, "routing": 1.0}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Bound times and the regime of one (kernel, shape, dtype) on one device."""
+
+    regime: Regime
+    intensity: float
+    ridge: float
+    t_memory: float
+    t_compute: float
+
+    @property
+    def t_bound(self) -> float:
+        """Roofline lower bound (s)."""
+        return max(self.t_memory, self.t_compute)
+
+
+def classify(spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
+             overhead_s: float = 4 * FORK_JOIN_S) -> Roofline:
+    """Roofline of one problem."""
+    moved = spec.bytes_moved(shape, elem_bytes(dtype))
+    fl = spec.flops(shape)
+    bw = facts.bandwidth_for(moved)
+    t_mem, t_cmp = moved / bw, fl / facts.peak_flops
+    ai, ridge = fl / max(moved, 1.0), facts.peak_flops / bw
+    regime: Regime = "overhead" if max(t_mem, t_cmp) < overhead_s else ("memory" if ai < ridge else "compute")
+    return Roofline(regime, ai, ridge, t_mem, t_cmp)
+
+
+def fraction_of_roofline(spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
+                         seconds: float) -> float:
+    """Roofline bound over measured time (1.0 = at the roof)."""
+    return classify(spec, shape, dtype, facts).t_bound / seconds
+
+
+def achieved_bandwidth_fraction(spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
+                                seconds: float, threads: int = 0) -> float:
+    """Compulsory bytes / time over the bandwidth of the level holding the working set (single-thread
+    figures when ``threads`` is 1)."""
+    moved = spec.bytes_moved(shape, elem_bytes(dtype))
+    return moved / seconds / facts.bandwidth_for(moved, threads)
+
+
+def predict(spec: KernelSpec, shape: Mapping[str, int], dtype: str, params: Mapping[str, int],
+            facts: DeviceFacts) -> float:
+    """Predicted seconds of a cpu-c configuration (roofline terms scaled by parameter effects)."""
+    e = elem_bytes(dtype)
+    moved = spec.bytes_moved(shape, e)
+    fl = spec.flops(shape)
+    cores = max(1, facts.cores)
+    th = min(int(params.get("THREADS", 1)), cores)
+    per_core_peak = facts.peak_flops / cores
+    vec = int(params.get("VEC", 0))
+    # scalar loops reach ~1/4 of the vector peak; simdlen 16 uses full 512-bit registers
+    eff = {0: 0.25 + 0.05 * min(int(params.get("UNROLL", 1)), 4), 8: 0.8, 16: 1.0, 32: 1.15, 64: 1.2}.get(vec, 0.5)
+    if params.get("ACC_DOUBLE", 0):
+        eff *= 0.6
+    t_cmp = fl / (per_core_peak * th * eff)
+    n_elem = moved / e
+    exp_cost = 1.2e-9 if not params.get("EXP_POLY", 0) else (0.15e-9 if vec else 0.6e-9)
+    t_cmp += EXP_PER_ELEM.get(spec.kclass, 0.0) * n_elem * exp_cost / th
+    passes = 1.0
+    if spec.kclass in ("loss", "mixing") and not params.get("FUSED", 1):
+        row_bytes = moved / max(1, shape.get("rows", shape.get("tokens", 1)))
+        passes = 1.0 if row_bytes <= facts.caches.get("L2", 1 << 20) / 2 else 2.0
+    bw = facts.bandwidth_for(moved) * min(1.0, 0.6 + 0.4 * th / cores)
+    t_mem = passes * moved / bw
+    # imperfect overlap: the smaller term still shows through (keeps compute knobs visible when memory-bound)
+    t = max(t_mem, t_cmp) + OVERLAP * min(t_mem, t_cmp) + LAUNCH_S + (FORK_JOIN_S if th > 1 else 0.0)
+    if "BLOCK" in params:
+        rows = shape.get("rows", 1)
+        blocks = rows * -(-shape.get(spec.tile_dim, 1) // params["BLOCK"])
+        t += blocks * 40e-9
+        if spec.tile_bytes(shape, params["BLOCK"], e) > facts.caches.get("L1", 32 << 10):
+            t += 0.1 * t_mem
+    if "CHUNK" in params and th > 1:
+        units = shape.get(spec.tile_dim, 1)
+        chunks = -(-units // params["CHUNK"])
+        imbalance = (-(-chunks // th) * th) / max(chunks, 1)
+        t += (imbalance - 1.0) * max(t_mem, t_cmp)
+    if spec.kclass == "gemm":
+        mb, nb, kb = params["MB"], params["NB"], params["KB"]
+        ws = 4.0 * (mb * kb + kb * nb + mb * nb)
+        reuse = {0: 1.0, 1: 1.6, 2: 2.4, 3: 3.0}.get(int(params.get("ORDER", 0)), 1.0)
+        fit = 1.0 if ws <= facts.caches.get("L1", 32 << 10) else (0.8 if ws <= facts.caches.get("L2", 1 << 20) else 0.5)
+        width = min(1.0, nb / (16.0 if vec >= 16 else 8.0))
+        t_g = fl / (per_core_peak * th * eff * reuse * fit * width)
+        tiles = shape["experts"] + shape["tokens"] / mb * -(-shape["out"] // nb)
+        t = max(t_mem, t_g) + OVERLAP * min(t_mem, t_g) + LAUNCH_S + (FORK_JOIN_S if th > 1 else 0.0) + tiles * 0.3e-6
+    return t
