@@ -3,9 +3,13 @@ our MFU against the measured CPU GEMM peak, and Muon (10 Newton-Schulz steps) vs
 
     .venv/bin/python benchmarks/train_cpu.py [--rounds 5] [--seq-len 128] [--batch 4] [--accum 8] [--threads 1]
 
-Prints a table and ratios (medians of interleaved runs), once with one micro-batch per optimizer step
-and once with ``--accum`` micro-batches (gradient accumulation, so the optimizer cost is amortised). Goals: >= 2x HF tokens/s; MFU >= 30 % of the
-measured GEMM peak; Muon 10-step cost <= 2.2x torch.optim.Muon's 5-step cost.
+Prints a table and ratios (medians of interleaved runs), with one micro-batch per optimizer step and
+with ``--accum`` micro-batches (gradient accumulation, so the optimizer cost is amortised), each with
+Muon's default fp32 Newton-Schulz and with the opt-in bf16 quintic (``optimizer.muon.nsDtype: bf16``).
+Our step includes the MTP module (default ``mtpDepth`` 1; HF's forward has none); one extra row runs
+with ``mtpDepth: 0`` to show what MTP costs, and the last row adds the opt-in bf16 autocast
+(``model.autocast: bf16``) to the bf16 quintic. Goals: >= 2x HF tokens/s; MFU >= 30 % of the measured
+GEMM peak; Muon 10-step cost <= 2.2x torch.optim.Muon's 5-step cost.
 """
 
 from __future__ import annotations
@@ -26,14 +30,17 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def ours(seq_len: int, batch: int, accum: int, out_dir: str, ns_dtype: str = "fp32") -> tuple[Callable[[], Any], Any]:
+def ours(seq_len: int, batch: int, accum: int, out_dir: str, ns_dtype: str = "fp32",
+         mtp: bool = True, autocast: bool = False) -> tuple[Callable[[], Any], Any]:
     """Our Trainer (small-cpu preset), one optimizer step per call (data, fwd/bwd, clip, Muon+AdamW, bias update)."""
     from trex.config_base import load_section
     from trex.trainer.config import TrainerConfig
     from trex.trainer.loop import Trainer
 
     cfg = load_section(TrainerConfig, {
-        "model": {"preset": "small-cpu"}, "device": "cpu", "maxSteps": 1000,
+        "model": {"preset": "small-cpu", "overrides": {} if mtp else {"mtpDepth": 0},
+                  "autocast": "bf16" if autocast else "off"}, "device": "cpu",
+        "maxSteps": 1000,
         "data": {"seqLen": seq_len, "microBatchSize": batch, "globalBatchSize": batch * accum},
         "checkpoint": {"dir": f"{out_dir}/ckpt", "resume": False}, "stability": {"enabled": False},
         "optimizer": {"muon": {"nsDtype": ns_dtype}},
@@ -100,11 +107,11 @@ def muon_trio(model: torch.nn.Module) -> tuple[Callable[[], Any], Callable[[], A
 
 
 def compare(seq_len: int, batch: int, accum: int, rounds: int, peak: float, tmp: str,
-            ns_dtype: str = "fp32") -> dict[str, Any]:
+            ns_dtype: str = "fp32", mtp: bool = True, autocast: bool = False) -> dict[str, Any]:
     """Interleaved medians of our step and the HF step at one global batch; our MFU."""
     from trex.trainer import mfu as mfu_mod
 
-    our_step, trainer = ours(seq_len, batch, accum, tmp, ns_dtype)
+    our_step, trainer = ours(seq_len, batch, accum, tmp, ns_dtype, mtp, autocast)
     hf_step = hf(seq_len, batch, accum, int(trainer.model.args.vocab_size))
     for _ in range(2):  # warm-up
         our_step()
@@ -138,11 +145,16 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); small-cpu preset; "
           f"micro-batch {args.batch} x seq {args.seq_len}; medians of {args.rounds} interleaved rounds")
     peak = mfu_mod.measure_cpu_peak_flops(seconds=2.0)
-    results: dict[tuple[int, str], dict[str, Any]] = {}
+    # (micro-batches per step, Newton-Schulz dtype, MTP on, bf16 autocast): defaults first, then the opt-ins.
+    runs = ((1, "fp32", True, False), (1, "bf16", True, False), (1, "fp32", False, False),
+            (args.accum, "fp32", True, False), (args.accum, "bf16", True, True))
+    results: dict[tuple[int, str, bool, bool], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for accum, ns in ((1, "fp32"), (args.accum, "fp32"), (args.accum, "bf16")):
-            results[accum, ns] = compare(args.seq_len, args.batch, accum, args.rounds, peak, f"{tmp}/a{accum}{ns}", ns)
-        fns = muon_trio(results[1, "fp32"]["model"])
+        for run in runs:
+            accum, ns, mtp, autocast = run
+            results[run] = compare(args.seq_len, args.batch, accum, args.rounds, peak,
+                                   f"{tmp}/a{accum}{ns}{mtp}{autocast}", ns, mtp, autocast)
+        fns = muon_trio(results[1, "fp32", True, False]["model"])
         times: list[list[float]] = [[], [], []]
         for f in fns:
             f()
@@ -155,23 +167,30 @@ def main() -> None:
         return "met" if c else "NOT met"
 
     print(f"\ncalibration GEMM peak (fp32): {peak / 1e9:.1f} GFLOP/s; model FLOPs/token "
-          f"({mfu_mod.FLOPS_CONVENTION}): {results[1, 'fp32']['fpt'] / 1e6:.2f} M\n")
-    print(f"{'global batch':>14} {'NS dtype':>9} {'trex step':>11} {'(fwd+bwd':>9} {'optim)':>8} {'HF step':>10} "
-          f"{'trex tok/s':>11} {'HF tok/s':>9} {'ratio':>7} {'trex MFU':>9}")
-    for (accum, ns), r in results.items():
-        print(f"{args.batch * accum:>9} seqs {ns:>9} {r['ours_s'] * 1e3:>9.0f}ms {r['compute_s'] * 1e3:>7.0f}ms "
+          f"({mfu_mod.FLOPS_CONVENTION}): {results[1, 'fp32', True, False]['fpt'] / 1e6:.2f} M\n")
+    print(f"{'global batch':>14} {'NS dtype':>9} {'MTP':>4} {'autocast':>9} {'trex step':>11} {'(fwd+bwd':>9} {'optim)':>8} "
+          f"{'HF step':>10} {'trex tok/s':>11} {'HF tok/s':>9} {'ratio':>7} {'trex MFU':>9}")
+    for (accum, ns, mtp, ac), r in results.items():
+        print(f"{args.batch * accum:>9} seqs {ns:>9} {'on' if mtp else 'off':>4} {'bf16' if ac else 'off':>9} "
+              f"{r['ours_s'] * 1e3:>9.0f}ms "
+              f"{r['compute_s'] * 1e3:>7.0f}ms "
               f"{r['optim_s'] * 1e3:>6.0f}ms {r['hf_s'] * 1e3:>8.0f}ms {r['ours_tps']:>11.0f} {r['hf_tps']:>9.0f} "
               f"{r['ours_tps'] / r['hf_tps']:>6.2f}x {100 * r['mfu']:>8.1f}%")
     print(f"\nMuon 8+2 NS steps (trex, fp32, batched)   {mo * 1e3:8.1f} ms")
     print(f"Muon 8 bf16 + 2 fp32 NS steps (trex)       {mm * 1e3:8.1f} ms")
     print(f"torch.optim.Muon 5 NS steps (bf16)         {mt * 1e3:8.1f} ms")
     print("\nratios vs goals")
-    for (accum, ns), r in results.items():
-        print(f"  tokens/s trex / HF (global {args.batch * accum:>3}, NS {ns})   {r['ours_tps'] / r['hf_tps']:6.2f}x   "
-              f"(goal >= 2x: {ok(r['ours_tps'] / r['hf_tps'] >= 2)})")
-    for (accum, ns), r in results.items():
-        print(f"  MFU vs measured GEMM peak (global {args.batch * accum:>3}, NS {ns})  {100 * r['mfu']:6.1f} %  "
-              f"(goal >= 30 %: {ok(r['mfu'] >= 0.30)})")
+    for (accum, ns, mtp, ac), r in results.items():
+        what = f"global {args.batch * accum:>3}, NS {ns}, MTP {'on' if mtp else 'off'}{', autocast bf16' if ac else ''}"
+        print(f"  tokens/s trex / HF ({what})   "
+              f"{r['ours_tps'] / r['hf_tps']:6.2f}x   (goal >= 2x: {ok(r['ours_tps'] / r['hf_tps'] >= 2)})")
+    for (accum, ns, mtp, ac), r in results.items():
+        what = f"global {args.batch * accum:>3}, NS {ns}, MTP {'on' if mtp else 'off'}{', autocast bf16' if ac else ''}"
+        print(f"  MFU vs measured GEMM peak ({what})  "
+              f"{100 * r['mfu']:6.1f} %  (goal >= 30 %: {ok(r['mfu'] >= 0.30)})")
+    on, off = results[1, "fp32", True, False], results[1, "fp32", False, False]
+    print(f"  MTP cost (global {args.batch}): fwd+bwd {on['compute_s'] * 1e3:.0f} ms with, {off['compute_s'] * 1e3:.0f} ms "
+          f"without ({100 * (on['compute_s'] / off['compute_s'] - 1):.0f} % more; each row's MFU uses its own FLOPs/token)")
     print(f"  Muon 10-step fp32 / torch 5-step      {mo / mt:6.2f}x   (goal <= 2.2x: {ok(mo / mt <= 2.2)})")
     print(f"  Muon 10-step mixed / torch 5-step     {mm / mt:6.2f}x   (goal <= 2.2x: {ok(mm / mt <= 2.2)})")
 

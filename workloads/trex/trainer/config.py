@@ -90,6 +90,10 @@ class ModelConfig(TrexModel):
     """Per-field overrides of the preset."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Parameter and compute dtype (bf16 on accelerators, fp32 on CPU)."""
+    autocast: Literal["off", "bf16"] = "off"
+    """Mixed precision (opt-in): "bf16" runs forward and loss under torch.autocast(bfloat16) while
+    parameters, gradients and optimizer states keep ``dtype``; about 30 % faster forward+backward on
+    CPUs with AVX512-BF16/AMX, with bf16-level numerics. Default "off" (every op in ``dtype``)."""
 
 
 class ParallelismConfig(TrexModel):

@@ -8,6 +8,7 @@ periodic checkpoints. Process groups are passed in, never taken from globals.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -338,8 +339,9 @@ class Trainer:
                 continue
             weight = n_valid / total_valid
             batch = {k: v.to(dev) for k, v in batch_cpu.items()}
-            out = model(batch["input_ids"], batch["position_ids"], batch["doc_ids"])
-            loss, parts = compute_loss(out, batch["labels"], batch["loss_mask"], cfg.routing, s)
+            with self._autocast(dev):
+                out = model(batch["input_ids"], batch["position_ids"], batch["doc_ids"])
+                loss, parts = compute_loss(out, batch["labels"], batch["loss_mask"], cfg.routing, s)
             torch.autograd.backward(loss * weight)
             c = out.expert_counts.detach()
             counts = c if counts is None else counts + c
@@ -380,6 +382,12 @@ class Trainer:
                           anticipatory=anticipatory, load_cv=load_cv(counts) if counts is not None else 0.0,
                           seq_len=seq_len, global_batch=gbatch, compute_seconds=t_compute - t0,
                           optimizer_seconds=t_end - t_compute)
+
+    def _autocast(self, dev: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast around forward and loss when model.autocast asks for it, else nothing."""
+        if self.cfg.model.autocast == "bf16":
+            return torch.autocast(dev.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _allreduce_grads(self) -> None:
         """Sum gradients over the ranks (the loss weights already divide by the global token count)."""

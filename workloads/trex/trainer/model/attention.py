@@ -25,6 +25,9 @@ class AttnContext:
     doc_ids: torch.Tensor | None  # [B, T] or None (one document per row)
     cos: torch.Tensor  # [B, T, rope/2]
     sin: torch.Tensor
+    mask: torch.Tensor | None = None
+    """causal_doc_mask(doc_ids) [B, 1, T, T], built once per forward and shared by every mla layer
+    (None: each layer builds it from doc_ids)."""
 
 
 class MLAttention(nn.Module):
@@ -93,7 +96,9 @@ class MLAttention(nn.Module):
         q = self.query(x, ctx)
         c, k_rope = self.latent(x)
         k, v = self.expand(c, apply_rope(k_rope, ctx.cos, ctx.sin))
-        mask = None if ctx.doc_ids is None else causal_doc_mask(ctx.doc_ids, b, t, x.device)
+        mask = ctx.mask
+        if mask is None and ctx.doc_ids is not None:
+            mask = causal_doc_mask(ctx.doc_ids, b, t, x.device)
         return self.attend(q, k, v, mask), x.new_zeros(())
 
 

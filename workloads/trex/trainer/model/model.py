@@ -11,7 +11,7 @@ from torch import nn
 from trex.trainer.model.args import ModelArgs
 from trex.trainer.model.attention import AttnContext, build_attention
 from trex.trainer.model.hc import HyperConnection, HyperHead
-from trex.trainer.model.layers import MLP, RMSNorm, positions_from_docs, rope_cos_sin
+from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin
 from trex.trainer.model.moe import Gate, GroupedExperts, MoE
 
 if TYPE_CHECKING:
@@ -178,7 +178,9 @@ class DeepSeekModel(nn.Module):
             position_ids = (positions_from_docs(doc_ids) if doc_ids is not None
                             else torch.arange(t, device=input_ids.device).expand(b, t))
         cos, sin = rope_cos_sin(position_ids, self.args.qk_rope_head_dim, self.args.rope_theta)
-        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin)
+        mask = (causal_doc_mask(doc_ids, b, t, input_ids.device)
+                if doc_ids is not None and self.args.attention == "mla" else None)
+        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask)
         acc = _Acc()
         n = self.args.hc_mult
         x = _to_streams(self.embed_tokens(input_ids), n)

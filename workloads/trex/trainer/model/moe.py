@@ -98,9 +98,11 @@ class Gate(nn.Module):
 
 
 def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """torch._grouped_mm needs 16-byte aligned rows; on CUDA it runs bf16 on sm90+ (H100/H200)."""
+    """torch._grouped_mm needs 16-byte aligned rows; on CUDA it runs bf16 on sm90+ (H100/H200); eager only."""
     if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
         return False
+    if torch.compiler.is_compiling():
+        return False  # the CPU fp32 _grouped_mm kernel has no meta/fake implementation to trace
     size = x.element_size()
     if (w.shape[1] * size) % 16 or (w.shape[2] * size) % 16:
         return False
