@@ -1,14 +1,40 @@
-"""`trex demo`: the most complete local run available without a cluster.
+"""`trex demo`: the quickstart end to end, on a local stand-in cluster or on a real one.
 
-Stage 1 (always): validate every example manifest offline, show that every invalid one is
-rejected with a precise message, and print how the valid ones would look in `kubectl get`.
+Stage 1: validate every example manifest offline and show that every invalid one is rejected.
+Stage 2 (no cluster): start the Kubernetes API emulator (kmock) on loopback, the operator in-process
+against it, a local kubelet that runs the pods as processes and a local Prometheus; apply
+examples/quickstart/ (ORDataJob -> TrainJob -> EvalJob, and a KernelTuneJob) and watch a
+`kubectl get`-style table until every job has finished. With a reachable cluster (``--cluster``, or
+KUBECONFIG set), the quickstart is applied there instead and watched the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import copy
+import datetime as dt
+import json
+import os
+import shutil
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trex_operator.api import API_VERSION, GROUP, KIND_INFO, VERSION
+from trex_operator.local.table import all_terminal, job_row, plain_table, rich_table
+
+APPLY_ORDER = ("ORDataJob", "KernelTuneJob", "TrainJob", "EvalJob")
+MARKER = ".trex-demo"
+INSTALL_HINT = "install the demo extra: pip install -e '.[demo]' (or: pip install kmock)"
 
 
 def _examples_root() -> Path:
@@ -42,11 +68,447 @@ def run_manifest_stage(examples: Path) -> bool:
     return not problems and not accepted
 
 
+# ---- the quickstart manifests ------------------------------------------------------------------
+
+
+def quick_overrides(doc: dict[str, Any]) -> dict[str, Any]:
+    """A smaller copy of a quickstart job for CI (``--quick``): fewer samples, steps, items and trials."""
+    out = copy.deepcopy(doc)
+    spec = out.get("spec") or {}
+    kind = out.get("kind")
+    if kind == "ORDataJob":
+        spec["ordata"]["count"] = min(int(spec["ordata"].get("count", 32)), 32)
+    elif kind == "TrainJob":
+        t = spec["trainer"]
+        t["maxSteps"] = min(int(t.get("maxSteps", 20)), 20)
+        t.setdefault("checkpoint", {})["intervalSteps"] = 10
+        t.setdefault("optimizer", {}).setdefault("schedule", {})["warmupSteps"] = 2
+    elif kind == "EvalJob":
+        ev = spec["evaluation"]
+        for b in ev.get("benchmarks") or []:
+            b["limit"] = min(int(b.get("limit", 4)), 4)
+        ev["model"].setdefault("sampling", {})["maxTokens"] = 128
+    elif kind == "KernelTuneJob":
+        k = spec["kernels"]
+        k["budget"] = {"trials": 12, "seconds": 40}
+    return out
+
+
+def load_quickstart(examples: Path, quick: bool) -> list[dict[str, Any]]:
+    """The quickstart jobs in apply order, each validated (ValueError naming every problem)."""
+    from trex_operator.validate import check_document
+
+    docs: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for f in sorted((examples / "quickstart").glob("*.yaml")):
+        for i, doc in enumerate(d for d in yaml.safe_load_all(f.read_text(encoding="utf-8")) if d is not None):
+            doc = quick_overrides(doc) if quick else doc
+            checked = check_document(str(f), i, doc)
+            problems += [p.line() for p in checked.problems]
+            docs.append(doc)
+    if problems:
+        raise ValueError("invalid quickstart manifests:\n  " + "\n  ".join(problems))
+    if not docs:
+        raise ValueError(f"no manifests in {examples / 'quickstart'}")
+    rank = {k: i for i, k in enumerate(APPLY_ORDER)}
+    return sorted(docs, key=lambda d: rank.get(str(d.get("kind")), len(rank)))
+
+
+def prepare_work_dir(work_dir: Path) -> None:
+    """Start from an empty work dir (old checkpoints or reports would be resumed); only a previous demo's
+    folder (with its marker file) or an empty one is cleared."""
+    if work_dir.exists() and any(work_dir.iterdir()):
+        if not (work_dir / MARKER).exists():
+            raise ValueError(f"--work-dir {work_dir} is not empty and not a previous demo's folder; choose another")
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / MARKER).write_text("trex demo work dir (cleared by the next run)\n", encoding="utf-8")
+
+
+def job_key(doc: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of a job manifest."""
+    return str(doc["kind"]), str(doc["metadata"]["name"])
+
+
+OUTPUT_FIELDS = {"ORDataJob": ("ordata", ("output",), "output"), "TrainJob": ("trainer", ("checkpoint", "dir"), "checkpoints"),
+                 "EvalJob": ("evaluation", ("output",), "output"), "KernelTuneJob": ("kernels", ("output",), "output")}
+
+
+def local_output(doc: Mapping[str, Any], work_dir: Path) -> Path | None:
+    """Where the local kubelet put a job's main output (corpus, checkpoints, report): its output path,
+    under its volume's mount, mapped to the hostPath folder; None when that is not on a hostPath."""
+    from trex_operator.children import DEFAULT_MOUNTS
+    from trex_operator.local.kubelet import host_path_dir
+
+    kind = str(doc.get("kind"))
+    if kind not in OUTPUT_FIELDS:
+        return None
+    section, keys, volume = OUTPUT_FIELDS[kind]
+    spec = doc.get("spec") or {}
+    value: Any = spec.get(section) or {}
+    for k in keys:
+        value = value.get(k) if isinstance(value, dict) else None
+    storage = (spec.get("volumes") or {}).get(volume)
+    if not isinstance(value, str) or not isinstance(storage, dict) or not storage.get("hostPath"):
+        return None
+    mount = str(storage.get("mountPath") or DEFAULT_MOUNTS[volume]).rstrip("/")
+    if value.startswith("/"):
+        if not value.startswith(mount + "/"):
+            return None
+        value = value[len(mount) + 1:]
+    return host_path_dir(work_dir, str(storage["hostPath"])) / str(value)
+
+
+# ---- watching ----------------------------------------------------------------------------------
+
+
+def watch(fetch: Callable[[], list[dict[str, Any]]], timeout_s: float, tty: bool,
+          plain_every_s: float = 5.0) -> list[dict[str, Any]]:
+    """Refresh the job table each second until every job has finished or ``timeout_s`` passed; returns
+    the last objects. A rich Live table on a TTY; otherwise a plain table whenever a phase changes and
+    every ``plain_every_s`` seconds."""
+    end = time.monotonic() + timeout_s
+    objs: list[dict[str, Any]] = []
+
+    def rows() -> list[tuple[str, ...]]:
+        now = dt.datetime.now(dt.UTC)
+        return [job_row(o, now) for o in objs]
+
+    if tty:
+        from rich.live import Live
+
+        with Live(rich_table([], "trex jobs"), refresh_per_second=4, transient=False) as live:
+            while time.monotonic() < end:
+                objs = fetch()
+                live.update(rich_table(rows(), "trex jobs"))
+                if all_terminal(objs):
+                    break
+                time.sleep(1.0)
+        return objs
+    last_phases: list[str] = []
+    last_print = 0.0
+    while time.monotonic() < end:
+        objs = fetch()
+        current = rows()
+        phases = [r[2] for r in current]
+        done = all_terminal(objs)
+        if phases != last_phases or time.monotonic() - last_print >= plain_every_s or done:
+            print(f"-- {dt.datetime.now(dt.UTC).strftime('%H:%M:%S')}\n{plain_table(current)}", flush=True)
+            last_print, last_phases = time.monotonic(), phases
+        if done:
+            break
+        time.sleep(1.0)
+    return objs
+
+
+def summarise(objs: list[dict[str, Any]], expected: list[tuple[str, str]]) -> tuple[bool, list[str]]:
+    """Summary lines (each job's phase and key results) and whether every expected job Succeeded."""
+    by_key = {(str(o.get("kind")), str((o.get("metadata") or {}).get("name"))): o for o in objs}
+    lines: list[str] = []
+    ok = True
+    for kind, name in expected:
+        o = by_key.get((kind, name))
+        status = (o or {}).get("status") or {}
+        phase = status.get("phase") or "missing"
+        ok = ok and phase == "Succeeded"
+        lines.append(f"{kind}/{name}: {phase}" + (f" ({status.get('reason')}: {status.get('message')})"
+                                                    if phase != "Succeeded" and status.get("reason") else ""))
+        results = status.get("results") or {}
+        progress = status.get("progress") or {}
+        if kind == "ORDataJob":
+            keys = ("generated", "solved", "verified", "accepted", "duplicates", "rejected")
+            lines.append("  " + ", ".join(f"{k}={results[k]}" for k in keys if k in results))
+        elif kind == "TrainJob":
+            keys = ("step", "maxSteps", "loss", "mfu", "tokensPerSecond", "lastCheckpointStep")
+            shown = {k: results.get(k, progress.get(k)) for k in keys if k in results or k in progress}
+            lines.append("  " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+        elif kind == "EvalJob":
+            lines.append(f"  passAt1={results.get('passAt1')} per benchmark: "
+                         + json.dumps(results.get("benchmarks") or {}, sort_keys=True)[:300])
+        elif kind == "KernelTuneJob":
+            lines.append(f"  geomeanSpeedup={results.get('geomeanSpeedup')} kernels="
+                         + ", ".join(sorted((results.get("kernels") or {}).keys())))
+    return ok, lines
+
+
+# ---- local stand-in cluster --------------------------------------------------------------------
+
+
+class KubeletThread:
+    """The local kubelet on its own event loop and thread."""
+
+    def __init__(self, url: str, work_dir: Path, on_targets: Callable[[list[tuple[str, dict[str, str]]]], None]) -> None:
+        self.url = url
+        self.work_dir = work_dir
+        self.on_targets = on_targets
+        self.kubelet: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="local-kubelet", daemon=True)
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        from trex_operator.kube import Connection, Kube
+        from trex_operator.local.kubelet import LocalKubelet
+
+        kube = Kube(Connection(server=self.url), retries=3, backoff_s=0.1, user_agent="trex-local-kubelet")
+        self.kubelet = LocalKubelet(kube, self.work_dir, on_targets=self.on_targets)
+        self._loop = asyncio.get_running_loop()
+        self._ready.set()
+        try:
+            await self.kubelet.run()
+        finally:
+            await kube.close()
+
+    def start(self) -> None:
+        """Start polling."""
+        self._thread.start()
+        self._ready.wait(10)
+
+    def stop(self) -> None:
+        """Stop polling and kill every pod process."""
+        if self._loop is not None and self.kubelet is not None:
+            self._loop.call_soon_threadsafe(self.kubelet.stop)
+        self._thread.join(60)
+
+
+def _http_json(method: str, url: str, body: Any = None) -> dict[str, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        out: dict[str, Any] = json.loads(resp.read().decode() or "{}")
+        return out
+
+
+def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep: bool) -> int:
+    """Emulator + operator + local kubelet + Prometheus; apply ``docs``; watch; summarise."""
+    try:
+        from trex_operator.local.emulator import EmulatorThread, OperatorThread
+    except ImportError as exc:
+        print(f"trex demo: the local cluster needs kmock ({exc}); {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    from trex_operator.kube import resource_path
+    from trex_operator.local.prometheus import LocalPrometheus, find_binary
+
+    prepare_work_dir(work_dir)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, filename=str(work_dir / "operator.log"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    namespace = "default"
+    emulator = EmulatorThread(indexed=True)
+    operator: OperatorThread | None = None
+    kubelet: KubeletThread | None = None
+    prom: LocalPrometheus | None = None
+    try:
+        emulator.start()
+        print(f"== Kubernetes API emulator (kmock) on {emulator.url}")
+        operator = OperatorThread(emulator.url, interval_s=1.0)
+        operator.start()
+        print(f"== trex operator running in-process (reconcile every 1 s; metrics on 127.0.0.1:{operator.metrics_port})")
+        binary = find_binary()
+        if binary is None:
+            print("== Prometheus: binary not found, skipping monitoring (Debian: apt-get install prometheus;"
+                  " `make demo` installs it)")
+        else:
+            prom = LocalPrometheus(work_dir / "prometheus", binary,
+                                   operator_target=f"127.0.0.1:{operator.metrics_port}" if operator.metrics_port else None)
+            try:
+                prom.start()
+                print(f"== Prometheus on {prom.url} (scrape every 1 s; targets: running pods + the operator)")
+            except RuntimeError as exc:
+                print(f"== Prometheus did not start ({exc}); continuing without monitoring")
+                prom.stop()
+                prom = None
+        kubelet = KubeletThread(emulator.url, work_dir, prom.set_targets if prom is not None else (lambda _t: None))
+        kubelet.start()
+        print(f"== local kubelet: pods run as processes on 127.x.y.z loopback IPs; logs in {work_dir / 'logs'}")
+        for doc in docs:
+            body = copy.deepcopy(doc)
+            meta = body.setdefault("metadata", {})
+            meta.update({"namespace": namespace, "uid": str(uuid.uuid4()), "generation": 1, "resourceVersion": "1",
+                         "creationTimestamp": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+            _http_json("POST", emulator.url + resource_path(API_VERSION, body["kind"], namespace), body)
+            print(f"{body['kind'].lower()}.{GROUP}/{meta['name']} created")
+
+        def fetch() -> list[dict[str, Any]]:
+            out = []
+            for doc in docs:
+                kind, name = job_key(doc)
+                try:
+                    out.append(_http_json("GET", emulator.url + resource_path(API_VERSION, kind, namespace, name)))
+                except (urllib.error.URLError, OSError, ValueError):
+                    out.append({"kind": kind, "metadata": {"name": name}, "status": {}})
+            return out
+
+        objs = watch(fetch, timeout_s, tty=sys.stdout.isatty())
+        if not all_terminal(objs):
+            print(f"\n== timed out after {timeout_s:.0f}s")
+        ok, lines = summarise(objs, [job_key(d) for d in docs])
+        (work_dir / "jobs.json").write_text(json.dumps(objs, indent=1, sort_keys=True), encoding="utf-8")
+        print("\n== summary")
+        print("\n".join(lines))
+        print(f"\n== on disk (under {work_dir}):")
+        for doc in docs:
+            local = local_output(doc, work_dir)
+            if local is not None:
+                print(f"  {job_key(doc)[1]}: {local}")
+        kube_dir = work_dir / "pods"
+        print(f"  pod folders (config files, emptyDir volumes, termination messages): {kube_dir}")
+        print(f"  pod logs: {work_dir / 'logs'}; operator log: {work_dir / 'operator.log'}")
+        print(f"  final job objects: {work_dir / 'jobs.json'}")
+        if prom is not None:
+            query = "last_over_time(trex_train_mfu[1h])"
+            try:
+                result = prom.query(query)
+                answer = ", ".join(f"{r['metric'].get('trex_job_name', r['metric'].get('pod', '?'))}="
+                                   f"{float(r['value'][1]):.4f}" for r in result) or "no samples"
+            except (OSError, RuntimeError, ValueError) as exc:
+                answer = f"query failed: {exc}"
+            print(f"\n== Prometheus ({prom.url}): {query} -> {answer}")
+        print(f"\n== demo {'OK: every job Succeeded' if ok else 'FAILED: not every job Succeeded'}")
+        if keep:
+            print("--keep: the emulator and Prometheus stay up; press Ctrl-C to stop")
+            if kubelet is not None:
+                kubelet.stop()
+                kubelet = None
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        return 0 if ok else 1
+    finally:
+        if kubelet is not None:
+            kubelet.stop()
+        if operator is not None:
+            operator.stop()
+        emulator.stop()
+        if prom is not None:
+            prom.stop()
+
+
+# ---- a real cluster ----------------------------------------------------------------------------
+
+
+def cluster_reachable() -> bool:
+    """True when the kubeconfig loads and the API server answers within a few seconds."""
+    try:
+        k8s = _kubernetes()
+        k8s.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+        k8s.client.CustomObjectsApi().list_cluster_custom_object(GROUP, VERSION, KIND_INFO["TrainJob"].plural,
+                                                                 limit=1, _request_timeout=5)
+        return True
+    except Exception as exc:  # an HTTP answer (403, 404: CRDs missing) still means "reachable"
+        return isinstance(getattr(exc, "status", None), int) and getattr(exc, "status", 0) > 0
+
+
+def _kubernetes() -> Any:
+    """The kubernetes client package (untyped), with its config and client modules loaded."""
+    import kubernetes.client
+    import kubernetes.config
+
+    return kubernetes
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: changed values, nested objects
+    diffed, removed keys set to null, lists replaced whole."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    out: dict[str, Any] = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        if k not in old:
+            out[k] = v
+        elif old[k] != v:
+            out[k] = merge_patch(old[k], v)
+    return out
+
+
+def _replaceable(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a job a replace sets: spec, labels and annotations (not status or server fields)."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"labels": dict(meta.get("labels") or {}), "annotations": {
+        k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith(("kopf.", f"{GROUP}/"))}},
+        "spec": obj.get("spec") or {}}
+
+
+def run_cluster(docs: list[dict[str, Any]], namespace: str | None, timeout_s: float) -> int:
+    """Create-or-replace the quickstart jobs in the current kubeconfig context and watch them (an existing
+    job gets the merge patch that makes its spec, labels and annotations equal to the manifest's)."""
+    k8s = _kubernetes()
+    api_exception: type[Exception] = k8s.client.exceptions.ApiException
+    k8s.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+    if namespace is None:
+        _contexts, active = k8s.config.list_kube_config_contexts(config_file=os.environ.get("KUBECONFIG") or None)
+        namespace = str(((active or {}).get("context") or {}).get("namespace") or "default")
+    api: Any = k8s.client.CustomObjectsApi()
+    for doc in docs:
+        kind, name = job_key(doc)
+        plural = KIND_INFO[kind].plural
+        body = copy.deepcopy(doc)
+        body["metadata"]["namespace"] = namespace
+        try:
+            api.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
+            print(f"{kind.lower()}.{GROUP}/{name} created")
+        except api_exception as exc:
+            if getattr(exc, "status", None) == 404:
+                raise ValueError(f"the cluster does not serve {kind} ({GROUP}/{VERSION}): install the trex chart"
+                                 " first (helm install trex charts/trex)") from None
+            if getattr(exc, "status", None) != 409:
+                raise
+            current = api.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+            patch = merge_patch(_replaceable(current), _replaceable(body))
+            version = (current.get("metadata") or {}).get("resourceVersion")
+            if version:  # optimistic concurrency: the patch applies to exactly what was read
+                patch.setdefault("metadata", {})["resourceVersion"] = version
+            api.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, patch)
+            print(f"{kind.lower()}.{GROUP}/{name} replaced")
+
+    def fetch() -> list[dict[str, Any]]:
+        out = []
+        for doc in docs:
+            kind, name = job_key(doc)
+            try:
+                out.append(api.get_namespaced_custom_object(GROUP, VERSION, namespace, KIND_INFO[kind].plural, name))
+            except api_exception:
+                out.append({"kind": kind, "metadata": {"name": name}, "status": {}})
+        return out
+
+    objs = watch(fetch, timeout_s, tty=sys.stdout.isatty())
+    ok, lines = summarise(objs, [job_key(d) for d in docs])
+    print("\n== summary (namespace " + namespace + ")")
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+# ---- entry point -------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="trex demo", description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--examples", type=Path, default=None, help="examples directory (default: the repository's)")
+    ap.add_argument("--work-dir", type=Path, default=Path("demo-out"),
+                    help="folder for volumes, pod logs and Prometheus data (default: ./demo-out; cleared first)")
+    ap.add_argument("--quick", action="store_true", help="smaller budgets (CI): fewer samples, steps, items, trials")
+    ap.add_argument("--keep", action="store_true",
+                    help="after the run keep the API emulator and Prometheus up until Ctrl-C")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--cluster", action="store_true", help="apply to the kubeconfig's cluster (must be reachable)")
+    where.add_argument("--local", action="store_true", help="use the local stand-in cluster even if KUBECONFIG is set")
+    ap.add_argument("-n", "--namespace", default=None, help="namespace on a real cluster (default: the context's)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="give up watching after this many seconds (900)")
+    ap.add_argument("--validate-only", action="store_true", help="only stage 1: validate the examples offline")
+    return ap
+
+
 def main(argv: list[str]) -> int:
     """Run the demo; exit 0 when every stage succeeded."""
-    ap = argparse.ArgumentParser(prog="trex demo", description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--examples", type=Path, default=None, help="examples directory (default: the repository's)")
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
+    if args.timeout <= 0:
+        _parser().error("--timeout must be positive")
     examples = args.examples or _examples_root()
     try:
         examples = examples.resolve().relative_to(Path.cwd().resolve())
@@ -56,6 +518,36 @@ def main(argv: list[str]) -> int:
         print(f"trex demo: examples directory {examples} not found", file=sys.stderr)
         return 2
     ok = run_manifest_stage(examples)
-    print("\n== demo ran: offline validation of every example and `kubectl get`-style listing"
-          f" -> {'OK' if ok else 'FAILED'}")
-    return 0 if ok else 1
+    print("\n== offline validation of every example -> " + ("OK" if ok else "FAILED"))
+    if not ok or args.validate_only:
+        return 0 if ok else 1
+    try:
+        docs = load_quickstart(examples, args.quick)
+    except ValueError as exc:
+        print(f"trex demo: {exc}", file=sys.stderr)
+        return 1
+    use_cluster = args.cluster or (not args.local and bool(os.environ.get("KUBECONFIG")) and cluster_reachable())
+    if args.cluster and not cluster_reachable():
+        print("trex demo: --cluster: no reachable cluster in the kubeconfig", file=sys.stderr)
+        return 2
+    print(f"\n== applying {len(docs)} quickstart jobs ({'--quick budgets' if args.quick else 'full budgets'})"
+          f" to {'the cluster' if use_cluster else 'a local stand-in cluster'}")
+    if use_cluster:
+        try:
+            return run_cluster(docs, args.namespace, args.timeout)
+        except ValueError as exc:
+            print(f"trex demo: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+    try:
+        return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep)
+    except ValueError as exc:
+        print(f"trex demo: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"trex demo: the local cluster failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("trex demo: interrupted; every pod process was stopped", file=sys.stderr)
+        return 130

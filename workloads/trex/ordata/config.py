@@ -174,7 +174,7 @@ class ORDataConfig(TrexModel):
     output: str = "ordata-out"
     """Output directory."""
     heldout_fraction: float = Field(default=0.0, ge=0, le=0.5)
-    """Share of merged samples kept out of the training files and written to merged/heldout.jsonl (the
+    """Share of merged samples kept out of the training files and written to heldout/heldout.jsonl (the
     evaluation harness's `ordata` format), chosen by a hash of each sample id so the split is stable."""
 
     @model_validator(mode="after")

@@ -76,8 +76,13 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
         out.append(("mode", "'opd' (on-policy distillation) is not run by `trex train`; use pretrain, cpt or sft"))
     if cfg.data.tokenizer.path is not None and not Path(cfg.data.tokenizer.path).is_file():
         out.append(("data.tokenizer.path", f"{cfg.data.tokenizer.path} does not exist"))
-    if cfg.data.train is not None and not Path(cfg.data.train).exists():
-        out.append(("data.train", f"{cfg.data.train} does not exist"))
+    if cfg.data.train is not None:
+        from trex.trainer.data.sources import DataError, jsonl_files
+
+        try:
+            jsonl_files(cfg.data.train)
+        except DataError as e:
+            out.append(("data.train", str(e).removeprefix("data.train: ")))
     if cfg.checkpoint.init_from_hf is not None and not Path(cfg.checkpoint.init_from_hf).is_dir():
         out.append(("checkpoint.initFromHf", f"{cfg.checkpoint.init_from_hf} is not a directory"))
     p = cfg.parallelism
