@@ -19,7 +19,13 @@ from trex.trainer.config import TrainerConfig, parallelism_problems
 GROUP = "trex.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-DEFAULT_IMAGE = "ghcr.io/trex-dev/trex-workload-cpu:0.1.0"
+DEFAULT_IMAGES: dict[str, str] = {
+    "cpu": "ghcr.io/trex-dev/trex-workload-cpu:0.1.0",
+    "gpu": "ghcr.io/trex-dev/trex-workload-cuda:0.1.0",
+    "npu": "ghcr.io/trex-dev/trex-workload-ascend:0.1.0",
+}
+"""Built-in workload image per deviceType (the images/ builds); the operator's TREX_DEFAULT_IMAGE_* override them."""
+DEFAULT_IMAGE = DEFAULT_IMAGES["cpu"]
 NPU_DEVICES_PER_REPLICA = (1, 2, 4, 8, 16)
 QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 PHASES = ("Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
@@ -88,17 +94,17 @@ class ResourceSpec(TrexModel):
 class SchedulingSpec(TrexModel):
     """Gang scheduling and priority."""
 
-    gang: Literal["none", "volcano", "kueue"] = "none"
-    """none; volcano (a PodGroup with minMember = replicas); kueue (queue label, suspend honoured)."""
+    gang: Literal["none", "volcano", "kueue"] | None = None
+    """none; volcano (a PodGroup); kueue (queue label, suspend honoured); unset = the cluster default gang."""
     queue: str | None = Field(default=None, json_schema_extra=_DNS_SCHEMA)
-    """Volcano queue or Kueue LocalQueue name."""
+    """Volcano queue or Kueue LocalQueue; unset = the cluster default queue (kueue needs one: else InvalidSpec)."""
     priority_class_name: str | None = None
     """PriorityClass of the pods."""
 
     @model_validator(mode="after")
     def _check(self) -> SchedulingSpec:
-        if self.gang == "kueue" and not self.queue:
-            raise ValueError("queue: required when gang is 'kueue' (the LocalQueue to submit to)")
+        # gang kueue without a queue is valid here: the cluster default queue applies, and the operator
+        # fails the job (InvalidSpec) when there is none (trex_operator.defaults.effective_gang).
         if self.queue is not None:
             check_dns1123_label(self.queue, "queue:")
         return self
@@ -172,8 +178,8 @@ class EnvVar(TrexModel):
 class CommonSpec(TrexModel):
     """Fields every job kind shares: image, replicas, devices, placement, scheduling, run policy."""
 
-    image: str = DEFAULT_IMAGE
-    """Workload container image."""
+    image: str | None = None
+    """Workload container image; unset = the operator's default workload image for deviceType."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Image pull policy."""
     replicas: int = Field(default=1, gt=0, le=4096)
@@ -181,7 +187,7 @@ class CommonSpec(TrexModel):
     devices_per_replica: int = Field(default=1, gt=0, le=64)
     """Accelerators per pod (npu: 1, 2, 4, 8 or 16); one worker process per device."""
     device_type: Literal["npu", "gpu", "cpu"] = "cpu"
-    """npu (huawei.com/Ascend910), gpu (nvidia.com/gpu) or cpu."""
+    """npu or gpu (the cluster's device resource, default huawei.com/Ascend910 / nvidia.com/gpu) or cpu."""
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     """Extra CPU/memory requests and limits per pod."""
     node_selector: dict[str, str] = Field(default_factory=dict)

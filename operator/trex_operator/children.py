@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from trex_operator.api import API_VERSION, CommonSpec, StorageSpec
+from trex_operator.defaults import CONFIG_DIR as CONFIG_DIR
+from trex_operator.defaults import ClusterDefaults, EffectiveGang, effective_gang
 from trex_operator.plan import Manifest
 
 LABEL_KIND = "trex.dev/job-kind"
@@ -23,11 +25,8 @@ LABEL_INDEX = "trex.dev/replica-index"
 LABEL_ROLE = "trex.dev/role"
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 MANAGER = "trex-operator"
-CONFIG_DIR = "/etc/trex"
 KERNELS_DIR = "/etc/trex-kernels"
 MASTER_PORT = 29500
-NPU_RESOURCE = "huawei.com/Ascend910"
-GPU_RESOURCE = "nvidia.com/gpu"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
@@ -137,15 +136,15 @@ def quantity(value: int | str) -> str:
     return str(value)
 
 
-def pod_resources(spec: CommonSpec, devices: int, extra_requests: dict[str, int | str] | None = None,
+def pod_resources(spec: CommonSpec, devices: int, defaults: ClusterDefaults,
+                  extra_requests: dict[str, int | str] | None = None,
                   extra_limits: dict[str, int | str] | None = None) -> dict[str, Any]:
-    """Requests/limits: the user's values plus the device resource (requests = limits for devices)."""
+    """Requests/limits: the user's values plus the cluster's device resource (requests = limits for devices)."""
     requests = {k: quantity(v) for k, v in (extra_requests if extra_requests is not None else spec.resources.requests).items()}
     limits = {k: quantity(v) for k, v in (extra_limits if extra_limits is not None else spec.resources.limits).items()}
-    if devices > 0 and spec.device_type == "npu":
-        requests[NPU_RESOURCE] = limits[NPU_RESOURCE] = str(devices)
-    elif devices > 0 and spec.device_type == "gpu":
-        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(devices)
+    resource = defaults.device_resource(spec.device_type)
+    if devices > 0 and resource is not None:
+        requests[resource] = limits[resource] = str(devices)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -201,15 +200,20 @@ def ref_volume_source(storage: Any) -> dict[str, Any] | None:
 
 
 def volumes(job: JobCtx, spec: CommonSpec, config: str | None = None,
-            kernels_from: str | None = None,
-            refs: tuple[RefMount, ...] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Pod volumes and container mounts: config map, kernels, data/checkpoints/output storage, referenced
-    jobs' storage (read-only under /refs), /dev/shm."""
+            kernels_from: str | None = None, refs: tuple[RefMount, ...] = (),
+            rank_table: ClusterDefaults | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Pod volumes and container mounts: config map, the HCCL rank table (when ``rank_table`` places it
+    outside the config directory), kernels, data/checkpoints/output storage, referenced jobs' storage
+    (read-only under /refs), /dev/shm."""
     vols: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if config is not None:
         vols.append({"name": "trex-config", "configMap": {"name": config}})
         mounts.append({"name": "trex-config", "mountPath": CONFIG_DIR, "readOnly": True})
+        if rank_table is not None and rank_table.rank_table_mounted_separately:
+            key = rank_table.rank_table_file_name
+            vols.append({"name": "rank-table", "configMap": {"name": config, "items": [{"key": key, "path": key}]}})
+            mounts.append({"name": "rank-table", "mountPath": rank_table.rank_table_dir, "readOnly": True})
     if kernels_from is not None:
         vols.append({"name": "trex-kernels", "configMap": {"name": kernels_config_map_name(kernels_from)}})
         mounts.append({"name": "trex-kernels", "mountPath": KERNELS_DIR, "readOnly": True})
@@ -234,41 +238,56 @@ def env_list(values: dict[str, str], spec: CommonSpec) -> list[dict[str, Any]]:
     return out
 
 
+def pod_image(spec: CommonSpec, defaults: ClusterDefaults) -> str:
+    """The workload image: spec.image, else the cluster's default image for the job's deviceType."""
+    return spec.image or defaults.image(spec.device_type)
+
+
+def scrape_annotations(spec: CommonSpec) -> dict[str, str]:
+    """prometheus.io annotations for plain Prometheus pod discovery of the workload's metrics port."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics_port),
+            "prometheus.io/path": "/metrics"}
+
+
 def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, command: list[str],
-        env: dict[str, str], devices: int, index: int | None = None, hostname: str | None = None,
-        config: str | None = None, kernels_from: str | None = None, gang_size: int = 1,
-        config_text: str | None = None, refs: tuple[RefMount, ...] = ()) -> Manifest:
+        env: dict[str, str], devices: int, defaults: ClusterDefaults, index: int | None = None,
+        hostname: str | None = None, config: str | None = None, kernels_from: str | None = None,
+        gang_size: int = 1, config_text: str | None = None, refs: tuple[RefMount, ...] = (),
+        rank_table: bool = False) -> Manifest:
     """A workload pod: one container running ``command`` with the env contract, devices and volumes.
 
     ``config_text`` (the rendered workload config) is hashed into an annotation, so a config change
-    is visible on the pod and restarts the gang.
+    is visible on the pod and restarts the gang. ``defaults`` supply the image, gang scheduling, device
+    resource, scrape annotations and (with ``rank_table``) where the HCCL rank table is mounted.
     """
     extra = {LABEL_ROLE: role, LABEL_ATTEMPT: str(attempt)}
     if index is not None:
         extra[LABEL_INDEX] = str(index)
     labels = child_labels(job, **extra)
-    annotations: dict[str, str] = {}
+    annotations: dict[str, str] = scrape_annotations(spec) if defaults.scrape_annotations else {}
     if config_text is not None:
         annotations["trex.dev/config-hash"] = hashlib.sha256(config_text.encode()).hexdigest()[:16]
     pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
     sched = spec.scheduling
-    if sched.gang == "volcano":
+    gang = effective_gang(sched, defaults)
+    if gang.gang == "volcano":
         pod_spec["schedulerName"] = "volcano"
         annotations[VOLCANO_GROUP_ANNOTATION] = job.name
-    elif sched.gang == "kueue" and sched.queue:
-        labels[KUEUE_QUEUE_LABEL] = sched.queue
+    elif gang.gang == "kueue" and gang.queue:
+        labels[KUEUE_QUEUE_LABEL] = gang.queue
         labels[KUEUE_GROUP_LABEL] = f"{job.name}-{attempt}"
         annotations[KUEUE_GROUP_COUNT] = str(gang_size)
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
-    vols, mounts = volumes(job, spec, config=config, kernels_from=kernels_from, refs=refs)
+    vols, mounts = volumes(job, spec, config=config, kernels_from=kernels_from, refs=refs,
+                           rank_table=defaults if rank_table else None)
     container: dict[str, Any] = {
-        "name": "trex", "image": spec.image, "imagePullPolicy": spec.image_pull_policy, "command": command,
+        "name": "trex", "image": pod_image(spec, defaults), "imagePullPolicy": spec.image_pull_policy, "command": command,
         "env": env_list(env, spec), "ports": [{"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError", "terminationMessagePath": "/dev/termination-log",
         "volumeMounts": mounts,
     }
-    res = pod_resources(spec, devices)
+    res = pod_resources(spec, devices, defaults)
     if res:
         container["resources"] = res
     pod_spec["containers"] = [container]
@@ -297,11 +316,11 @@ def contract_env(job: JobCtx, spec: CommonSpec, *, attempt: int, config_path: st
     }
 
 
-def volcano_pod_group(job: JobCtx, spec: CommonSpec, min_member: int) -> Manifest:
-    """A Volcano PodGroup: the scheduler binds all ``min_member`` pods at once or none."""
+def volcano_pod_group(job: JobCtx, spec: CommonSpec, min_member: int, gang: EffectiveGang) -> Manifest:
+    """A Volcano PodGroup: the scheduler binds all ``min_member`` pods at once or none (in ``gang.queue``)."""
     pg_spec: dict[str, Any] = {"minMember": min_member}
-    if spec.scheduling.queue:
-        pg_spec["queue"] = spec.scheduling.queue
+    if gang.queue:
+        pg_spec["queue"] = gang.queue
     if spec.scheduling.priority_class_name:
         pg_spec["priorityClassName"] = spec.scheduling.priority_class_name
     return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",

@@ -35,11 +35,17 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error("--interval must be positive")
     import kopf
 
-    from trex_operator.handlers import register
     from trex_operator.kube import Connection, Kube
     from trex_operator.reconciler import Reconciler, Settings
 
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+        from trex_operator.handlers import register  # registers kopf's default handlers from the env too
+    except ValueError as exc:  # a bad TREX_* variable: say which, no traceback
+        import sys
+
+        print(f"trex operator: {exc}", file=sys.stderr)
+        return 2
     if args.interval is not None:
         settings.interval_s = args.interval
     if args.metrics_port is not None:

@@ -17,6 +17,7 @@ from trex.config_base import format_validation_error
 
 from trex_operator.api import KINDS, CommonSpec, JobStatus
 from trex_operator.children import LABEL_ATTEMPT, LABEL_INDEX, JobCtx
+from trex_operator.defaults import EffectiveGang, GangError, effective_gang
 from trex_operator.lifecycle import (
     FATAL_CAUSES,
     GENUINE_CAUSES,
@@ -51,6 +52,8 @@ class Ctx:
     plan: Plan
     generation: int | None
     deps: Dependencies = field(default_factory=lambda: Dependencies("ready"))
+    gang: EffectiveGang = field(default_factory=lambda: EffectiveGang("none", None))
+    """spec.scheduling with the cluster defaults applied."""
 
     @property
     def now(self) -> dt.datetime:
@@ -127,6 +130,12 @@ def plan_job(body: dict[str, Any], observed: Observed) -> Plan:
         return plan
     except Exception as exc:
         ctx.move("Failed", "InvalidSpec", f"{type(exc).__name__}: {exc}"[:2000])
+        plan.status = dump_status(status)
+        return plan
+    try:
+        ctx.gang = effective_gang(ctx.spec.scheduling, observed.defaults)
+    except GangError as exc:
+        ctx.move("Failed", "InvalidSpec", str(exc)[:2000])
         plan.status = dump_status(status)
         return plan
     status.observed_generation = gen

@@ -17,6 +17,7 @@ import kopf
 
 from trex_operator.api import GROUP, KIND_INFO, VERSION
 from trex_operator.children import LABEL_KIND, LABEL_MANAGED, LABEL_NAME, MANAGER
+from trex_operator.defaults import ClusterDefaults
 from trex_operator.kube import Connection, Kube
 from trex_operator.plan import Observed
 from trex_operator.reconciler import JobKey, Reconciler, Settings
@@ -36,11 +37,11 @@ def _snapshot(body: Any) -> dict[str, Any]:
     return {k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec", "status")}
 
 
-def _observer(pods: Any, batch: Any, deploys: Any) -> Any:
+def _observer(pods: Any, batch: Any, deploys: Any, defaults: ClusterDefaults) -> Any:
     def observe(key: JobKey) -> Observed:
         import datetime as dt
 
-        obs = Observed(now=dt.datetime.now(dt.UTC))
+        obs = Observed(now=dt.datetime.now(dt.UTC), defaults=defaults)
         obs.pods = list(pods.get(key, ()))
         obs.batch_jobs = {str(j["metadata"]["name"]): j for j in batch.get(key, ())}
         obs.deployments = {str(d["metadata"]["name"]): d for d in deploys.get(key, ())}
@@ -106,13 +107,15 @@ def register(registry: kopf.OperatorRegistry, settings: Settings | None = None,
     async def pod_event(type: str, body: Any, **kwargs: Any) -> None:
         key = rec().pod_changed(_snapshot(body), deleted=type == "DELETED")
         if key is not None:
-            rec().kick(key, _observer(kwargs["trex_pods"], kwargs["trex_batch"], kwargs["trex_deploys"]))
+            rec().kick(key, _observer(kwargs["trex_pods"], kwargs["trex_batch"], kwargs["trex_deploys"],
+                                      rec().settings.defaults))
 
     for kind, info in KIND_INFO.items():
         def make(kind: str) -> Any:
             async def tick(namespace: str | None, name: str, trex_pods: Any, trex_batch: Any, trex_deploys: Any,
                            **_: Any) -> None:
-                await rec().run((kind, namespace or "default", name), _observer(trex_pods, trex_batch, trex_deploys))
+                await rec().run((kind, namespace or "default", name),
+                                _observer(trex_pods, trex_batch, trex_deploys, rec().settings.defaults))
             return tick
 
         kopf.timer(GROUP, VERSION, info.plural, id=f"reconcile-{info.singular}", interval=cfg.interval_s,

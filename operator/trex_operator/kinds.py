@@ -138,6 +138,13 @@ def training_files(corpus_dir: str, mode: str) -> str:
     return posixpath.join(corpus_dir, "merged", f"{rendering}-*.jsonl")
 
 
+def pod_group(ctx: Ctx, min_member: int) -> list[Manifest]:
+    """The job's Volcano PodGroup when its effective gang is volcano (its pods name it), else nothing."""
+    if ctx.gang.gang != "volcano":
+        return []
+    return [volcano_pod_group(ctx.job, ctx.spec, min_member, ctx.gang)]
+
+
 def _summary_results(states: list[PodState]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for s in states:
@@ -197,12 +204,10 @@ class TrainImpl(_PodKind):
         spec, job = ctx.model.spec, ctx.job
         data = {"trainer.yaml": render_yaml("trainer", self.trainer_config(ctx))}
         if spec.device_type == "npu":
-            data[ranktable.RANK_TABLE_KEY] = to_json(self._rank_table(ctx))
+            data[ctx.observed.defaults.rank_table_file_name] = to_json(self._rank_table(ctx))
         out: list[Manifest] = [config_map(job, config_map_name(job), data),
                                headless_service(job, [("dist", 29500), ("metrics", spec.metrics_port)])]
-        if spec.scheduling.gang == "volcano":
-            out.append(volcano_pod_group(job, spec, spec.replicas))
-        return out
+        return out + pod_group(ctx, spec.replicas)
 
     def _rank_table(self, ctx: Ctx) -> dict[str, Any]:
         pods = sorted(current_pods(ctx), key=pod_index)
@@ -242,7 +247,7 @@ class TrainImpl(_PodKind):
             env = contract_env(job, spec, attempt=attempt, config_path=f"{CONFIG_DIR}/trainer.yaml",
                                master_addr=master, nnodes=nnodes, node_rank=i, nproc=nproc)
             if spec.device_type == "npu":
-                env["RANK_TABLE_FILE"] = f"{CONFIG_DIR}/{ranktable.RANK_TABLE_KEY}"
+                env["RANK_TABLE_FILE"] = ctx.observed.defaults.rank_table_file
             if isinstance(resume, int):
                 env["TREX_RESUME_STEP"] = str(resume)
             if spec.kernels_from is not None:
@@ -250,9 +255,10 @@ class TrainImpl(_PodKind):
             out.append(pod(job, spec, name=f"{job.name}-worker-{i}-a{attempt}", role="worker", attempt=attempt,
                            command=[*LAUNCHER, "trex", "train", "--config", f"{CONFIG_DIR}/trainer.yaml"],
                            env=env, devices=nproc if spec.device_type != "cpu" else 0, index=i,
-                           hostname=f"worker-{i}", config=config_map_name(job),
+                           defaults=ctx.observed.defaults, hostname=f"worker-{i}", config=config_map_name(job),
                            kernels_from=spec.kernels_from.name if spec.kernels_from else None, gang_size=nnodes,
-                           config_text=config_text, refs=self.refs_mounts(ctx)))
+                           config_text=config_text, refs=self.refs_mounts(ctx),
+                           rank_table=spec.device_type == "npu"))
         return out
 
     def run(self, ctx: Ctx) -> None:
@@ -303,7 +309,8 @@ class KernelTuneImpl(_PodKind):
         return render_yaml("kernels", cfg)
 
     def children(self, ctx: Ctx) -> list[Manifest]:
-        return [config_map(ctx.job, config_map_name(ctx.job), {"kernels.yaml": self.config_text(ctx)})]
+        return [config_map(ctx.job, config_map_name(ctx.job), {"kernels.yaml": self.config_text(ctx)}),
+                *pod_group(ctx, 1)]
 
     def pods(self, ctx: Ctx) -> list[Manifest]:
         spec, job, attempt = ctx.model.spec, ctx.job, ctx.status.attempt
@@ -313,7 +320,7 @@ class KernelTuneImpl(_PodKind):
         return [pod(job, spec, name=f"{job.name}-{backend}-a{attempt}", role=f"tune-{backend}", attempt=attempt,
                     command=["trex", "kernels", "tune", "--config", f"{CONFIG_DIR}/kernels.yaml"], env=env,
                     devices=spec.devices_per_replica if spec.device_type != "cpu" else 0, index=0,
-                    config=config_map_name(job), config_text=self.config_text(ctx))]
+                    defaults=ctx.observed.defaults, config=config_map_name(job), config_text=self.config_text(ctx))]
 
     def run(self, ctx: Ctx) -> None:
         st = ctx.status
@@ -402,7 +409,8 @@ class EvalImpl(_PodKind):
         if spec.pod_per_benchmark:
             for i, b in enumerate(cfg["benchmarks"]):
                 data[f"eval-{i}.yaml"] = render_yaml("evaluation", {**cfg, "benchmarks": [b]})
-        out: list[Manifest] = [config_map(job, config_map_name(job), data)]
+        out: list[Manifest] = [config_map(job, config_map_name(job), data),
+                               *pod_group(ctx, len(spec.evaluation.benchmarks) if spec.pod_per_benchmark else 1)]
         if spec.server is not None:
             out.extend(self.server(ctx))
         return out
@@ -422,7 +430,7 @@ class EvalImpl(_PodKind):
             "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],
             "readinessProbe": {"tcpSocket": {"port": srv.port}, "periodSeconds": 10},
         }
-        res = pod_resources(spec, srv.devices if spec.device_type != "cpu" else 0,
+        res = pod_resources(spec, srv.devices if spec.device_type != "cpu" else 0, ctx.observed.defaults,
                             srv.resources.requests, srv.resources.limits)
         if res:
             container["resources"] = res
@@ -462,6 +470,7 @@ class EvalImpl(_PodKind):
             suffix = f"eval-{i}" if spec.pod_per_benchmark else "eval"
             out.append(pod(job, spec, name=f"{job.name}-{suffix}-a{attempt}", role="eval", attempt=attempt,
                            command=["trex", "eval", "--config", cfg_file], env=env, index=i,
+                           defaults=ctx.observed.defaults,
                            devices=spec.devices_per_replica if spec.device_type != "cpu" and spec.server is None
                            and spec.evaluation.model.kind != "openai" else 0, config=config_map_name(job),
                            config_text=config_text, refs=self.refs_mounts(ctx)))
@@ -550,14 +559,15 @@ class ORDataImpl:
     def children(self, ctx: Ctx) -> list[Manifest]:
         cfg = ctx.model.spec.ordata.model_dump(mode="json", by_alias=True)
         cfg["output"] = self.output(ctx)
-        return [config_map(ctx.job, config_map_name(ctx.job), {"ordata.yaml": render_yaml("ordata", cfg)})]
+        return [config_map(ctx.job, config_map_name(ctx.job), {"ordata.yaml": render_yaml("ordata", cfg)}),
+                *pod_group(ctx, 1)]
 
     def batch_job(self, ctx: Ctx, name: str, role: str, command: list[str], completions: int) -> Manifest:
         spec, job = ctx.model.spec, ctx.job
         env = contract_env(job, spec, attempt=ctx.status.attempt, config_path=f"{CONFIG_DIR}/ordata.yaml",
                            master_addr="127.0.0.1", nnodes=1, node_rank=0, nproc=1)
         template = pod(job, spec, name=name, role=role, attempt=ctx.status.attempt, command=command, env=env,
-                       devices=0, config=config_map_name(job))
+                       devices=0, defaults=ctx.observed.defaults, config=config_map_name(job))
         tmeta = {k: v for k, v in template["metadata"].items() if k in ("labels", "annotations")}
         job_spec: dict[str, Any] = {"completions": completions, "template": {"metadata": tmeta,
                                                                             "spec": template["spec"]}}

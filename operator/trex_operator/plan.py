@@ -10,6 +10,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from trex_operator.defaults import ClusterDefaults
+
 Manifest = dict[str, Any]
 
 
@@ -48,6 +50,8 @@ class Observed:
     """Labels of the nodes the job's pods run on (for the HCCL rank table)."""
     metrics: dict[str, float] | None = None
     """Samples scraped from rank 0's /metrics (None when not scraped or unreachable)."""
+    defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
+    """The cluster defaults the operator was started with (images, gang, device resources, rank table)."""
 
 
 @dataclass

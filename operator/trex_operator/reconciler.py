@@ -13,7 +13,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from trex.config_base import DNS1123_LABEL
 
 from trex_operator.api import API_VERSION, KINDS
 from trex_operator.children import LABEL_NAME, JobCtx, to_json
+from trex_operator.defaults import ClusterDefaults
 from trex_operator.engine import plan_job, pod_attempt, pod_index
 from trex_operator.kube import ApiError, Kube
 from trex_operator.opmetrics import OperatorMetrics
@@ -32,8 +33,8 @@ JobKey = tuple[str, str, str]  # kind, namespace, name
 _REF_FIELDS = (("dataFrom", "ORDataJob"), ("kernelsFrom", "KernelTuneJob"), ("modelFrom", "TrainJob"))
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
     try:
         return float(raw) if raw else default
     except ValueError:
@@ -42,7 +43,8 @@ def _env_float(name: str, default: float) -> float:
 
 @dataclass
 class Settings:
-    """Operator tunables (env: TREX_OPERATOR_INTERVAL, TREX_OPERATOR_METRICS_PORT, TREX_OPERATOR_SCRAPE_TIMEOUT)."""
+    """Operator tunables (env: TREX_OPERATOR_INTERVAL, TREX_OPERATOR_METRICS_PORT, TREX_OPERATOR_SCRAPE_TIMEOUT)
+    and the cluster defaults for jobs (the chart's TREX_DEFAULT_*, TREX_*_RESOURCE, ... variables)."""
 
     interval_s: float = 10.0
     """Timer period: every job is re-derived at least this often (s)."""
@@ -56,13 +58,17 @@ class Settings:
     """Scrape URL of a pod (injectable for tests)."""
     clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
     """Current time (injectable for tests)."""
+    defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
+    """Cluster defaults the planners apply (read once at start-up; put into every Observed)."""
 
     @staticmethod
-    def from_env() -> Settings:
-        """Settings from environment variables."""
-        return Settings(interval_s=_env_float("TREX_OPERATOR_INTERVAL", 10.0),
-                        metrics_port=int(_env_float("TREX_OPERATOR_METRICS_PORT", 8080)),
-                        scrape_timeout_s=_env_float("TREX_OPERATOR_SCRAPE_TIMEOUT", 3.0))
+    def from_env(env: Mapping[str, str] | None = None) -> Settings:
+        """Settings from environment variables (``env``, default os.environ); ValueError names a bad one."""
+        env = os.environ if env is None else env
+        return Settings(interval_s=_env_float(env, "TREX_OPERATOR_INTERVAL", 10.0),
+                        metrics_port=int(_env_float(env, "TREX_OPERATOR_METRICS_PORT", 8080)),
+                        scrape_timeout_s=_env_float(env, "TREX_OPERATOR_SCRAPE_TIMEOUT", 3.0),
+                        defaults=ClusterDefaults.from_env(env))
 
 
 def referenced(body: dict[str, Any]) -> list[tuple[str, str]]:
