@@ -116,27 +116,18 @@ def solve_gurobi(inst: Instance, time_limit_s: float = 30.0) -> SolveResult:
             obj = obj + q
         m.setObjective(obj, GRB.MINIMIZE if o.sense == "min" else GRB.MAXIMIZE)
         m.optimize()
-        st = m.Status
-        status: Status
-        if st == GRB.OPTIMAL:
-            status = "optimal"
-        elif st == GRB.INFEASIBLE:
-            status = "infeasible"
-        elif st == GRB.UNBOUNDED:
-            status = "unbounded"
-        elif st == GRB.INF_OR_UNBD:
-            status = "inf_or_unbd"
-        elif st == GRB.TIME_LIMIT:
-            status = "time_limit"
-        else:
-            status = "error"
+        gurobi_status: dict[int, Status] = {
+            GRB.OPTIMAL: "optimal", GRB.INFEASIBLE: "infeasible", GRB.UNBOUNDED: "unbounded",
+            GRB.INF_OR_UNBD: "inf_or_unbd", GRB.TIME_LIMIT: "time_limit",
+        }
+        status: Status = gurobi_status.get(m.Status, "error")
         values: dict[str, float] = {}
         objective: float | None = None
         if status == "optimal" or (status == "time_limit" and m.SolCount > 0):
             objective = float(m.ObjVal)
             values = {n: float(x.X) for n, x in xs.items()}
         return SolveResult(status, objective, values, time.perf_counter() - t0, "gurobi", gurobi_version(),
-                           message=f"gurobi status {st}")
+                           message=f"gurobi status {m.Status}")
     finally:
         m.dispose()
 
@@ -231,19 +222,11 @@ def solve_highs(inst: Instance, time_limit_s: float = 30.0) -> SolveResult:
     h.run()
     ms = h.getModelStatus()
     S = highspy.HighsModelStatus
-    status: Status
-    if ms == S.kOptimal:
-        status = "optimal"
-    elif ms == S.kInfeasible:
-        status = "infeasible"
-    elif ms == S.kUnbounded:
-        status = "unbounded"
-    elif ms == S.kUnboundedOrInfeasible:
-        status = "inf_or_unbd"
-    elif ms == S.kTimeLimit:
-        status = "time_limit"
-    else:
-        status = "error"
+    highs_status: dict[Any, Status] = {
+        S.kOptimal: "optimal", S.kInfeasible: "infeasible", S.kUnbounded: "unbounded",
+        S.kUnboundedOrInfeasible: "inf_or_unbd", S.kTimeLimit: "time_limit",
+    }
+    status: Status = highs_status.get(ms, "error")
     values: dict[str, float] = {}
     objective: float | None = None
     if status == "optimal":
