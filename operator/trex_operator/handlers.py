@@ -1,8 +1,12 @@
 """kopf handlers: thin wiring from cluster events to :class:`trex_operator.reconciler.Reconciler`.
 
 - indexes of the operator's pods, batch Jobs and Deployments (the observed children, kept current by watches);
-- one timer per kind that re-derives each job's desired state (level-based);
-- pod phase changes kick an immediate reconciliation of the owning job.
+- one timer per kind that re-derives each job's desired state (level-based; from the watched copy of the
+  job when it is current, else from a GET);
+- pod phase changes (seen by the pods index) and pod deletions kick an immediate reconciliation of the owning job.
+
+Every per-event handler is a coroutine: kopf runs plain functions in a thread pool, a thread hop per watch
+event that costs more than the handler itself at thousands of pods.
 
 Importing this module registers the handlers in kopf's default registry (for `kopf run -m trex_operator`);
 :func:`register` builds them into any registry (tests, `trex operator run`).
@@ -89,33 +93,45 @@ def register(registry: kopf.OperatorRegistry, settings: Settings | None = None,
                                    insecure=c.insecure)
 
     @kopf.index("pods", id="trex_pods", labels=MANAGED, registry=registry)
-    def trex_pods(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    async def trex_pods(namespace: str | None, labels: Any, body: Any, **kwargs: Any) -> dict[Any, Any]:
+        # The pod's phase change also kicks its job from here (a separate kopf on.event handler costs a
+        # second handler pass per pod event). The kick runs as a task after kopf has stored this entry.
         key = _key(namespace, labels)
-        return {key: _snapshot(body)} if key else {}
+        snap = _snapshot(body)
+        job = rec().pod_changed(snap, deleted=False)
+        if job is not None:
+            rec().kick(job, _observer(kwargs["trex_pods"], kwargs["trex_batch"], kwargs["trex_deploys"],
+                                      rec().settings.defaults))
+        return {key: snap} if key else {}
 
-    @kopf.index("batch", "v1", "jobs", id="trex_batch", labels=MANAGED, registry=registry)
-    def trex_batch(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
-        key = _key(namespace, labels)
-        return {key: _snapshot(body)} if key else {}
+    def deleted(type: str | None, **_: Any) -> bool:
+        return type == "DELETED"
 
-    @kopf.index("apps", "v1", "deployments", id="trex_deploys", labels=MANAGED, registry=registry)
-    def trex_deploys(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
-        key = _key(namespace, labels)
-        return {key: _snapshot(body)} if key else {}
-
-    @kopf.on.event("pods", id="pod_event", labels=MANAGED, registry=registry)
-    async def pod_event(type: str, body: Any, **kwargs: Any) -> None:
-        key = rec().pod_changed(_snapshot(body), deleted=type == "DELETED")
+    @kopf.on.event("pods", id="pod_deleted", labels=MANAGED, when=deleted, registry=registry)
+    async def pod_deleted(body: Any, **kwargs: Any) -> None:
+        # kopf drops a deleted pod from the index without calling trex_pods: kick its job from here
+        key = rec().pod_changed(_snapshot(body), deleted=True)
         if key is not None:
             rec().kick(key, _observer(kwargs["trex_pods"], kwargs["trex_batch"], kwargs["trex_deploys"],
                                       rec().settings.defaults))
 
+    @kopf.index("batch", "v1", "jobs", id="trex_batch", labels=MANAGED, registry=registry)
+    async def trex_batch(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+        key = _key(namespace, labels)
+        return {key: _snapshot(body)} if key else {}
+
+    @kopf.index("apps", "v1", "deployments", id="trex_deploys", labels=MANAGED, registry=registry)
+    async def trex_deploys(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+        key = _key(namespace, labels)
+        return {key: _snapshot(body)} if key else {}
+
     for kind, info in KIND_INFO.items():
         def make(kind: str) -> Any:
-            async def tick(namespace: str | None, name: str, trex_pods: Any, trex_batch: Any, trex_deploys: Any,
-                           **_: Any) -> None:
+            async def tick(namespace: str | None, name: str, body: Any, trex_pods: Any, trex_batch: Any,
+                           trex_deploys: Any, **_: Any) -> None:
+                # kopf's body is the job as last watched: it spares the GET once it carries the latest status
                 await rec().run((kind, namespace or "default", name),
-                                _observer(trex_pods, trex_batch, trex_deploys, rec().settings.defaults))
+                                _observer(trex_pods, trex_batch, trex_deploys, rec().settings.defaults), body)
             return tick
 
         kopf.timer(GROUP, VERSION, info.plural, id=f"reconcile-{info.singular}", interval=cfg.interval_s,

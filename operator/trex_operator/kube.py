@@ -124,17 +124,21 @@ class Kube:
             self._session = None
 
     async def request(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
-                      content_type: str = "application/json") -> dict[str, Any]:
-        """One API call with retries on 429/5xx and connection errors (exponential backoff)."""
+                      content_type: str = "application/json", encoded: str | None = None) -> dict[str, Any]:
+        """One API call with retries on 429/5xx and connection errors (exponential backoff).
+
+        ``encoded``: ``body`` already serialised as JSON (sent as is, sparing a second encoding).
+        """
         session = await self.session()
+        payload = encoded.encode() if encoded is not None else None
         url = self.conn.server.rstrip("/") + path
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
             if self.on_request is not None:
                 self.on_request(method, path)
             try:
-                async with session.request(method, url, json=body, params=params,
-                                           headers={"Content-Type": content_type}) as resp:
+                async with session.request(method, url, json=body if payload is None else None, data=payload,
+                                           params=params, headers={"Content-Type": content_type}) as resp:
                     data: Any = await resp.json(content_type=None) if resp.content_length != 0 else {}
                     if resp.status < 300:
                         return data if isinstance(data, dict) else {}
@@ -151,11 +155,11 @@ class Kube:
                 delay *= 2
         raise ApiError(0, "RetriesExhausted", f"{method} {path}")
 
-    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """POST an object into its namespace."""
+    async def create(self, manifest: dict[str, Any], encoded: str | None = None) -> dict[str, Any]:
+        """POST an object into its namespace (``encoded``: the manifest already serialised as JSON)."""
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"))
-        return await self.request("POST", path, body=manifest)
+        return await self.request("POST", path, body=manifest, encoded=encoded)
 
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         """GET an object; None when it does not exist."""

@@ -1,12 +1,14 @@
 """The I/O side of a reconciliation: gather Observed, run the pure planner, apply the Plan.
 
-Idempotent and level-based: the job is re-read on every pass, children have deterministic names,
+Idempotent and level-based: the job is re-read on every pass (from the watch when the watched copy
+provably carries the status this operator last saw, else by a GET), children have deterministic names,
 creating an existing child adopts it (409 -> read, check ownership, patch data), deletions ignore 404.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime as dt
 import logging
 import os
@@ -96,6 +98,8 @@ class Reconciler:
         self._known: dict[tuple[str, str, str, str], tuple[str, float]] = {}
         self._nodes: dict[str, tuple[dict[str, str], float]] = {}
         self._pod_phase: dict[str, str] = {}
+        self._status_seen: dict[JobKey, str] = {}
+        """Per job, the normalised status after this operator's last pass (what it read or wrote)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self.instance = socket.gethostname()
@@ -137,8 +141,13 @@ class Reconciler:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.kube.close()
 
-    async def run(self, key: JobKey, observe: Callable[[JobKey], Observed]) -> None:
-        """Reconcile ``key``; if a pass is already running, mark it dirty so it runs once more."""
+    async def run(self, key: JobKey, observe: Callable[[JobKey], Observed],
+                  watched: Mapping[str, Any] | None = None) -> None:
+        """Reconcile ``key``; if a pass is already running, mark it dirty so it runs once more.
+
+        ``watched`` is the job as the watch last delivered it; it replaces the GET when it is current
+        (see :meth:`current_body`).
+        """
         if self._closing:
             return
         lock = self._locks.setdefault(key, asyncio.Lock())
@@ -148,19 +157,40 @@ class Reconciler:
         async with lock:
             for _ in range(3):
                 self._dirty.discard(key)
-                await self.reconcile_once(key, observe)
+                await self.reconcile_once(key, observe, watched)
+                watched = None  # a re-run was asked for by something newer than that copy
                 if key not in self._dirty:
                     break
 
+    def current_body(self, key: JobKey, watched: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """A copy of the watched job when it carries the status this operator last read or wrote for it.
+
+        Status is written only by this operator, and watch events arrive in order, so a watched copy with
+        that status has seen this operator's last write: planning from it decides what a GET would (a
+        spec change not yet delivered is picked up by the pass after it arrives). Otherwise None (GET).
+        """
+        seen = self._status_seen.get(key)
+        if watched is None or seen is None:
+            return None
+        body = copy.deepcopy(dict(watched))
+        status = body.get("status")
+        if _norm_status(status if isinstance(status, dict) else {}) != seen:
+            return None
+        return body
+
     # ---- one pass --------------------------------------------------------------------------------
 
-    async def reconcile_once(self, key: JobKey, observe: Callable[[JobKey], Observed]) -> Plan | None:
+    async def reconcile_once(self, key: JobKey, observe: Callable[[JobKey], Observed],
+                             watched: Mapping[str, Any] | None = None) -> Plan | None:
         """Read the job, gather the rest of Observed, plan, apply. Errors are logged and counted."""
         kind, namespace, name = key
         t0 = time.perf_counter()
         result = "ok"
         try:
-            body = await self.kube.get(API_VERSION, kind, namespace, name)
+            body = self.current_body(key, watched)
+            self._status_seen.pop(key, None)  # until this pass has read or written the status again
+            if body is None:
+                body = await self.kube.get(API_VERSION, kind, namespace, name)
             if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
                 self.metrics.job_phase(key, None)
                 self._locks.pop(key, None)
@@ -232,9 +262,15 @@ class Reconciler:
                                   {k: v for k, v in p.items() if k not in ("apiVersion", "kind")})
         raw_old = body.get("status")
         old: dict[str, Any] = raw_old if isinstance(raw_old, dict) else {}
+        key = (job.kind, job.namespace, job.name)
         if plan.status and _status_changed(old, plan.status):
-            await self.kube.patch(API_VERSION, job.kind, job.namespace, job.name, {"status": plan.status},
-                                  subresource="status")
+            written = await self.kube.patch(API_VERSION, job.kind, job.namespace, job.name,
+                                            {"status": plan.status}, subresource="status")
+            now = written.get("status")
+            if isinstance(now, dict):
+                self._status_seen[key] = _norm_status(now)
+        else:
+            self._status_seen[key] = _norm_status(old)
         for ev in plan.events:
             await self.event(body, ev)
         if plan.delete_job:
@@ -260,7 +296,7 @@ class Reconciler:
         if cached is not None and cached[0] == digest and time.monotonic() - cached[1] < ttl:
             return
         try:
-            await self.kube.create(manifest)
+            await self.kube.create(manifest, encoded=digest)
         except ApiError as exc:
             if exc.status != 409:
                 if exc.status == 404 and kind == "PodGroup":
@@ -309,7 +345,9 @@ def _owned_by(obj: dict[str, Any], job: JobCtx) -> bool:
     return labels.get(LABEL_NAME) == job.name and labels.get("trex.dev/job-kind") == job.kind
 
 
+def _norm_status(d: dict[str, Any]) -> str:
+    return to_json({k: v for k, v in d.items() if v not in (None, [], {})})
+
+
 def _status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    def norm(d: dict[str, Any]) -> str:
-        return to_json({k: v for k, v in d.items() if v not in (None, [], {})})
-    return norm(old) != norm(new)
+    return _norm_status(old) != _norm_status(new)

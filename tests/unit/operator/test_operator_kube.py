@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -60,6 +61,28 @@ async def test_not_found_and_conflict() -> None:
         with pytest.raises(ApiError) as err:
             await kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "namespace": "ns"}})
         assert err.value.status == 409 and err.value.reason == "AlreadyExists"
+        await kube.close()
+    finally:
+        await runner.cleanup()
+
+
+async def test_pre_encoded_create_sends_the_same_object_on_every_retry() -> None:
+    manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"},
+                "data": {"a": "1", "ü": "é"}}
+    received: list[tuple[str, str, Any]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        received.append((request.path, request.content_type, await request.json()))
+        if len(received) == 1:
+            return web.json_response({"reason": "ServiceUnavailable"}, status=503)
+        return web.json_response({"metadata": {"name": "c"}})
+
+    runner, url = await _server(handler)
+    try:
+        kube = Kube(Connection(server=url), retries=2, backoff_s=0.01)
+        encoded = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+        assert await kube.create(manifest, encoded=encoded) == {"metadata": {"name": "c"}}
+        assert received == [("/api/v1/namespaces/ns/configmaps", "application/json", manifest)] * 2
         await kube.close()
     finally:
         await runner.cleanup()
