@@ -3,6 +3,8 @@ plain configuration and for one with every optimisation switched on."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from trex.kernels.suite import SUITE
 from trex.kernels.verify import verify
@@ -10,7 +12,7 @@ from trex.kernels.verify import verify
 CASES = [(n, dt) for n, spec in SUITE.items() for dt in spec.dtypes]
 
 
-def _tuned(backend, spec):  # type: ignore[no-untyped-def]
+def _tuned(backend: Any, spec: Any) -> dict[str, int]:
     shape = spec.tail_shapes[0]
     p = backend.default_params(spec, shape)
     on = {"VEC": 16, "EXP_POLY": 1, "FUSED": 1, "ORDER": 3, "ACC_DOUBLE": 1, "CHUNK": 4, "BLOCK": 512, "MB": 16, "NB": 32}

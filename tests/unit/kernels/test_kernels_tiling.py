@@ -13,7 +13,7 @@ from trex.kernels.suite import SUITE
 from trex.kernels.tiling import admissible, plan, solve_selection, working_set
 
 
-def _brute(costs, weights, cap, allowed, k):  # type: ignore[no-untyped-def]
+def _brute(costs: list[float], weights: list[float], cap: float, allowed: list[bool], k: int) -> list[int]:
     feas = [i for i in range(len(costs)) if allowed[i] and weights[i] <= cap]
     return sorted(feas, key=lambda i: (costs[i], i))[:k]
 
@@ -50,9 +50,9 @@ def test_plan_respects_capacity_and_divisibility(cpu_backend, name: str) -> None
     space = cpu_backend.param_space(spec, shape)
     best = None
     for combo in itertools.product(*[space[k] for k in sorted(space)]):
-        c = dict(zip(sorted(space), combo, strict=True))
-        if admissible(spec, shape, c, 2) is None and working_set(spec, shape, "fp32", c) <= cap:
-            t = predict(spec, shape, "fp32", c, facts)
+        cfg = dict(zip(sorted(space), combo, strict=True))
+        if admissible(spec, shape, cfg, 2) is None and working_set(spec, shape, "fp32", cfg) <= cap:
+            t = predict(spec, shape, "fp32", cfg, facts)
             best = t if best is None or t < best else best
     assert best is not None and abs(p.ranked[0].predicted - best) <= 1e-9 * best
     assert [c.predicted for c in p.ranked] == sorted(c.predicted for c in p.ranked)

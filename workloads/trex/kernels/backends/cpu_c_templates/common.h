@@ -105,3 +105,34 @@ static inline float log1p_poly(float t) {
 #endif
 
 void trex_kernel(void **p, const int64_t *d, const double *s);
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+/* expf on 16 lanes as 2^t, t = x log2(e): n = round(t), 2^(t - n) by its degree-6 Taylor polynomial on
+   [-1/2, 1/2] (truncation < 2e-7 relative), 2^n applied with scalef. Same input clamp as exp_poly; four
+   fewer vector operations than the Cephes reduction, which matters where exp bounds the kernel (SwiGLU). */
+static inline __m512 exp_poly16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 q = _mm512_set1_ps(1.5403530393381608e-4f);
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(q, n);
+}
+/* 1 / (1 + e) for finite e >= 0: rcp14 refined by one Newton step (~1e-7 relative), cheaper than a divide. */
+static inline __m512 inv1p16(__m512 e) {
+  const __m512 dd = _mm512_add_ps(_mm512_set1_ps(1.0f), e), r = _mm512_rcp14_ps(dd);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(dd, r, _mm512_set1_ps(2.0f)));
+}
+/* lanes [0, k) of a 16-lane tail */
+static inline __mmask16 tail_mask(int64_t k) { return (__mmask16)((1u << k) - 1u); }
+#else
+#define HAVE_AVX512 0
+#endif

@@ -1,11 +1,35 @@
 #if ORDER == 3 && defined(__AVX512F__)
 #include <immintrin.h>
+/* W rows are walked with stride N: prefetch PF_DIST rows ahead (a prefetch past the end is harmless) */
+#define PF_DIST 8
+/* R x 32 register-blocked micro-kernel over the whole K (R <= 8 a compile-time constant at each call site,
+   so the 2R zmm accumulators stay in registers): the leftover rows of a tile after its 8-row blocks. */
+static inline __attribute__((always_inline)) void mk_rows(const int R, const float *xs, int64_t K,
+                                                          const float *wc, int64_t N, float *out, int64_t ldo) {
+  __m512 c0[8], c1[8];
+  UNROLL_N(8)
+  for (int q = 0; q < R; ++q) { c0[q] = _mm512_setzero_ps(); c1[q] = _mm512_setzero_ps(); }
+  for (int64_t k = 0; k < K; ++k) {
+    _mm_prefetch((const char *)(wc + (k + PF_DIST) * N), _MM_HINT_T0);
+    _mm_prefetch((const char *)(wc + (k + PF_DIST) * N + 16), _MM_HINT_T0);
+    const __m512 b0 = _mm512_loadu_ps(wc + k * N), b1 = _mm512_loadu_ps(wc + k * N + 16);
+    UNROLL_N(8)
+    for (int q = 0; q < R; ++q) {
+      const __m512 a = _mm512_set1_ps(xs[q * K + k]);
+      c0[q] = _mm512_fmadd_ps(a, b0, c0[q]);
+      c1[q] = _mm512_fmadd_ps(a, b1, c1[q]);
+    }
+  }
+  UNROLL_N(8)
+  for (int q = 0; q < R; ++q) { _mm512_storeu_ps(out + q * ldo, c0[q]); _mm512_storeu_ps(out + q * ldo + 16, c1[q]); }
+}
 #endif
 /* Grouped GEMM: rows off[e]..off[e+1] of x times W[e] -> y. Tiles of MB rows x NB columns (one expert
    each) are distributed over threads; K is walked in KB slices through a local accumulator tile.
    ORDER 0: i-k-j loop (one row at a time); ORDER 1: four rows share each W row load; ORDER 2: 4 x 32
    register-blocked micro-kernel over the whole K, leftovers i-k-j; ORDER 3: the same blocking with explicit
-   AVX-512 intrinsics (eight zmm accumulators pinned in registers; ORDER 2 code where AVX-512 is absent).
+   AVX-512 intrinsics (8 x 32 blocks, then the leftover rows in one R x 32 pass; ORDER 2 code where AVX-512
+   is absent).
    d = {tokens, experts, hidden, out}. */
 void trex_kernel(void **p, const int64_t *d, const double *s) {
   const float *x = p[0], *w = p[1]; const int64_t *off = p[2]; float *y = p[3];
@@ -39,6 +63,8 @@ void trex_kernel(void **p, const int64_t *d, const double *s) {
         for (int q = 0; q < 8; ++q) { c[q][0] = _mm512_setzero_ps(); c[q][1] = _mm512_setzero_ps(); }
         const float *wc8 = we + n0 + j0;
         for (int64_t k = 0; k < K; ++k) {
+          _mm_prefetch((const char *)(wc8 + (k + PF_DIST) * N), _MM_HINT_T0);
+          _mm_prefetch((const char *)(wc8 + (k + PF_DIST) * N + 16), _MM_HINT_T0);
           const __m512 b0 = _mm512_loadu_ps(wc8 + k * N), b1 = _mm512_loadu_ps(wc8 + k * N + 16);
           for (int q = 0; q < 8; ++q) {
             const __m512 a = _mm512_set1_ps(xs[q * K + k]);
@@ -56,6 +82,29 @@ void trex_kernel(void **p, const int64_t *d, const double *s) {
           const float a = x[(r0 + i8 + r) * K + k];
           for (int64_t j = nb32; j < nb; ++j) acc[(i8 + r) * NB + j] += a * we[k * N + n0 + j];
         }
+    }
+    /* the 1..7 leftover rows in one register-blocked pass per 32 columns (uneven expert counts) */
+    if (i8 < mb) {
+      const int64_t rem = mb - i8;
+      const float *xs = x + (r0 + i8) * K;
+      for (int64_t j0 = 0; j0 < nb32; j0 += 32) {
+        const float *wc = we + n0 + j0; float *o = acc + i8 * NB + j0;
+        switch (rem) {
+          case 1: mk_rows(1, xs, K, wc, N, o, NB); break;
+          case 2: mk_rows(2, xs, K, wc, N, o, NB); break;
+          case 3: mk_rows(3, xs, K, wc, N, o, NB); break;
+          case 4: mk_rows(4, xs, K, wc, N, o, NB); break;
+          case 5: mk_rows(5, xs, K, wc, N, o, NB); break;
+          case 6: mk_rows(6, xs, K, wc, N, o, NB); break;
+          default: mk_rows(7, xs, K, wc, N, o, NB); break;
+        }
+      }
+      for (int64_t r = 0; r < rem; ++r)
+        for (int64_t k = 0; k < K; ++k) {
+          const float a = xs[r * K + k];
+          for (int64_t j = nb32; j < nb; ++j) acc[(i8 + r) * NB + j] += a * we[k * N + n0 + j];
+        }
+      i8 = mb;
     }
 #endif
     for (int64_t i = i8; i < mb4; i += 4) {
@@ -107,7 +156,7 @@ void trex_kernel(void **p, const int64_t *d, const double *s) {
           for (int64_t j = nb32; j < nb; ++j) acc[(i + r) * NB + j] += a * we[k * N + n0 + j];
         }
     }
-    for (int64_t i = mb4; i < mb; ++i) {
+    for (int64_t i = mb4 > i8 ? mb4 : i8; i < mb; ++i) {
       const float *xi = x + (r0 + i) * K;
       for (int64_t j0 = 0; j0 < nb32; j0 += 32) {
         float c0[32] = {0};

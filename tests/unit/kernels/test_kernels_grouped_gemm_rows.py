@@ -1,0 +1,26 @@
+"""grouped_gemm's register-blocked paths for every leftover row count: experts holding 0..17 tokens (so each
+tile ends in 0..7 rows after its 8-row blocks), a column tail, against the float64 per-token einsum."""
+
+from __future__ import annotations
+
+import pytest
+from trex.kernels.suite import SUITE
+
+
+@pytest.mark.parametrize(("order", "mb", "nb"), [(3, 16, 32), (3, 32, 64), (2, 16, 64)])
+def test_grouped_gemm_every_leftover_row_count(cpu_backend, order: int, mb: int, nb: int) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    spec = SUITE["grouped_gemm"]
+    counts = list(range(18))
+    shape = {"tokens": sum(counts), "experts": len(counts), "hidden": 40, "out": 70}
+    g = torch.Generator().manual_seed(7)
+    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
+    t = {"x": torch.randn(shape["tokens"], shape["hidden"], generator=g),
+         "w": torch.randn(shape["experts"], shape["hidden"], shape["out"], generator=g),
+         "offsets": offsets}
+    params = {**cpu_backend.default_params(spec, shape), "ORDER": order, "MB": mb, "NB": nb, "VEC": 16}
+    got = cpu_backend.compile(spec, params, "fp32")(t, shape)["y"]
+    want = spec.reference({**t, "x": t["x"].double(), "w": t["w"].double()}, shape, {})["y"]
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
