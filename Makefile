@@ -37,7 +37,7 @@ test: lint unit
 crds: $(STAMP)
 	$(VENV)/bin/trex crds --out crds --chart charts/trex/crds
 
-demo: $(STAMP)
+demo: $(STAMP) prometheus
 	$(VENV)/bin/trex demo
 
 bench: $(STAMP)
