@@ -14,6 +14,7 @@ from trex.config_base import load_section
 from trex.evaluation.config import EvalConfig
 from trex.runtime.env import ENV_VARS, read_env
 from trex.trainer.config import TrainerConfig
+from trex_operator.defaults import ClusterDefaults
 from trex_operator.engine import plan_job
 from trex_operator.kinds import bounded_name
 from trex_operator.plan import Manifest, Observed
@@ -35,9 +36,9 @@ def _body(kind: str, spec: dict[str, Any], name: str = "job") -> dict[str, Any]:
             "metadata": {"name": name, "namespace": "ns", "uid": "uid-1", "labels": {"team": "or"}}, "spec": spec}
 
 
-def all_children(body: dict[str, Any]) -> list[Manifest]:
+def all_children(body: dict[str, Any], defaults: ClusterDefaults | None = None) -> list[Manifest]:
     """Every child the planner creates over a job's life (dependencies met, servers ready, shards done)."""
-    obs = Observed(now=NOW)
+    obs = Observed(now=NOW) if defaults is None else Observed(now=NOW, defaults=defaults)
     for kind, name in referenced(body):
         obs.refs[(kind, name)] = _succeeded(kind, name)
     out = list(plan_job(body, obs).ensure)

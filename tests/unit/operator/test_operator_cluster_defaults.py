@@ -12,11 +12,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from test_operator_builders import all_children
 from trex_operator.api import SchedulingSpec
 from trex_operator.defaults import ClusterDefaults
 from trex_operator.engine import plan_job
 from trex_operator.plan import Manifest, Observed
-from trex_operator.reconciler import Settings, referenced
+from trex_operator.reconciler import Settings
 
 REPO = Path(__file__).resolve().parents[3]
 HELM = REPO / ".venv" / "bin" / "helm"
@@ -39,26 +40,9 @@ def _body(kind: str, spec: dict[str, Any], name: str = "job") -> dict[str, Any]:
             "metadata": {"name": name, "namespace": "ns", "uid": "uid-1"}, "spec": spec}
 
 
-def _succeeded(kind: str, name: str) -> dict[str, Any]:
-    return {"apiVersion": "trex.dev/v1alpha1", "kind": kind, "metadata": {"name": name, "uid": f"uid-{name}"},
-            "spec": {}, "status": {"phase": "Succeeded"}}
-
-
 def children(body: dict[str, Any], env: dict[str, str]) -> list[Manifest]:
     """Every child planned over the job's life (dependencies met, servers ready, shards done) under ``env``."""
-    obs = Observed(now=NOW, defaults=ClusterDefaults.from_env(env))
-    for kind, name in referenced(body):
-        obs.refs[(kind, name)] = _succeeded(kind, name)
-    out = list(plan_job(body, obs).ensure)
-    for m in out:
-        if m["kind"] == "Deployment":
-            obs.deployments[m["metadata"]["name"]] = {**m, "status": {"availableReplicas": 1}}
-        if m["kind"] == "Job":
-            obs.batch_jobs[m["metadata"]["name"]] = {**m, "status": {"conditions": [{"type": "Complete",
-                                                                                     "status": "True"}]}}
-    later = plan_job(body, obs).ensure
-    names = {m["metadata"]["name"] for m in out}
-    return out + [m for m in later if m["metadata"]["name"] not in names]
+    return all_children(body, ClusterDefaults.from_env(env))
 
 
 def _pods(body: dict[str, Any], env: dict[str, str]) -> list[Manifest]:
