@@ -1,15 +1,23 @@
 """CPU training benchmark (not a test): our trainer step vs Hugging Face DeepseekV3ForCausalLM + AdamW,
 our MFU against the measured CPU GEMM peak, and Muon (10 Newton-Schulz steps) vs torch.optim.Muon (5).
 
-    .venv/bin/python benchmarks/train_cpu.py [--rounds 5] [--seq-len 128] [--batch 4] [--accum 8] [--threads 1]
+    .venv/bin/python benchmarks/train_cpu.py [--rounds 5] [--seq-len 128] [--batch 4] [--accum 1,8,32] [--threads 1]
 
-Prints a table and ratios (medians of interleaved runs), with one micro-batch per optimizer step and
-with ``--accum`` micro-batches (gradient accumulation, so the optimizer cost is amortised), each with
-Muon's default fp32 Newton-Schulz and with the opt-in bf16 quintic (``optimizer.muon.nsDtype: bf16``).
-Our step includes the MTP module (default ``mtpDepth`` 1; HF's forward has none); one extra row runs
-with ``mtpDepth: 0`` to show what MTP costs, and the last row adds the opt-in bf16 autocast
-(``model.autocast: bf16``) to the bf16 quintic. Goals: >= 2x HF tokens/s; MFU >= 30 % of the measured
-GEMM peak; Muon 10-step cost <= 2.2x torch.optim.Muon's 5-step cost.
+Same small-cpu shape, micro-batch and sequence length on every side. For each global batch (``--accum``
+micro-batches per optimizer step, so Muon's fixed per-step cost is amortised as in real training) it
+times, interleaved, medians of ``--rounds``:
+
+- trex with the default numerics (fp32 forward/backward) and with ``model.autocast: bf16`` (bf16 GEMMs,
+  fp32 parameters, gradients and optimizer states), each with the preset's MTP module (``mtpDepth`` 1)
+  and without it (``mtpDepth: 0``: the same computation as HF's forward, which has no MTP);
+- HF in fp32 (its default) and under the same bf16 autocast, so precision is compared like for like.
+  HF reads the same token ids as our trainer; it attends across the packed documents (its forward has no
+  per-document mask), while ours masks them, so our side does slightly more attention work.
+
+MFU divides by the calibration-GEMM peak of the row's GEMM dtype (fp32 or bf16), never the lower one.
+Muon: our default (``nsDtype: auto``: bf16 leading stages and an fp32 cleanup stage where bf16 GEMMs are
+fast, as on CPUs with AVX512-BF16) and all-fp32, against torch.optim.Muon (5 bf16 steps).
+Goals: >= 2x HF tokens/s; MFU >= 30 % of the measured GEMM peak; Muon 10-step cost <= 2.2x torch's 5-step.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,8 +39,21 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def ours(seq_len: int, batch: int, accum: int, out_dir: str, ns_dtype: str = "fp32",
-         mtp: bool = True, autocast: bool = False) -> tuple[Callable[[], Any], Any]:
+@dataclass(frozen=True)
+class Side:
+    """One timed configuration: whose step, GEMM dtype, MTP on or off."""
+
+    who: str  # "trex" or "HF"
+    dtype: str  # "fp32" or "bf16" (autocast)
+    mtp: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.who} {self.dtype}{' +MTP' if self.mtp else ''}"
+
+
+def ours(seq_len: int, batch: int, accum: int, out_dir: str, mtp: bool = True, autocast: bool = False,
+         ns_dtype: str = "auto") -> tuple[Callable[[], Any], Any]:
     """Our Trainer (small-cpu preset), one optimizer step per call (data, fwd/bwd, clip, Muon+AdamW, bias update)."""
     from trex.config_base import load_section
     from trex.trainer.config import TrainerConfig
@@ -49,8 +71,16 @@ def ours(seq_len: int, batch: int, accum: int, out_dir: str, ns_dtype: str = "fp
     return tr.train_step, tr
 
 
-def hf(seq_len: int, batch: int, accum: int, vocab: int) -> Callable[[], Any]:
-    """HF DeepseekV3ForCausalLM with the same shape as small-cpu, torch.optim.AdamW, clip 1.0."""
+def ours_inputs(seq_len: int, batch: int, out_dir: str, n: int = 64) -> list[torch.Tensor]:
+    """The first ``n`` micro-batches of token ids our trainer's data loader produces (packed documents)."""
+    _step, tr = ours(seq_len, batch, 1, out_dir, mtp=False)
+    return [tr.loader.next_batch(batch, seq_len, 0, 1)["input_ids"] for _ in range(n)]
+
+
+def hf(seq_len: int, batch: int, accum: int, vocab: int, inputs: list[torch.Tensor],
+       autocast: bool = False) -> Callable[[], Any]:
+    """HF DeepseekV3ForCausalLM with the same shape as small-cpu, torch.optim.AdamW, clip 1.0, fed the
+    token ids our trainer reads (``inputs``, cycled), so routing sees the same data on both sides."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     from trex.trainer.presets import PRESET_VALUES
 
@@ -69,12 +99,14 @@ def hf(seq_len: int, batch: int, accum: int, vocab: int) -> Callable[[], Any]:
     model = DeepseekV3ForCausalLM(cfg)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), eps=1e-20, weight_decay=0.1)
-    gen = torch.Generator().manual_seed(0)
+    pos = [0]
 
     def step() -> None:
         for _ in range(accum):
-            ids = torch.randint(0, vocab, (batch, seq_len), generator=gen)
-            out = model(input_ids=ids, labels=ids)
+            ids = inputs[pos[0] % len(inputs)]
+            pos[0] += 1
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = model(input_ids=ids, labels=ids)
             (out.loss / accum).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -84,51 +116,65 @@ def hf(seq_len: int, batch: int, accum: int, vocab: int) -> Callable[[], Any]:
 
 
 def muon_trio(model: torch.nn.Module) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], Any]]:
-    """Our Muon (hybrid 8+2 NS in fp32; and bf16 quintic + fp32 cleanup) vs torch.optim.Muon (5 NS, bf16)."""
+    """Our Muon as the trainer builds it by default (auto), our all-fp32 Muon, torch.optim.Muon (5 NS, bf16)."""
+    from trex.runtime.device import fast_bf16
+    from trex.trainer.optim.build import resolve_ns_dtype
     from trex.trainer.optim.muon import Muon
 
     roles = model.param_roles()  # type: ignore[operator]
     named = dict(model.named_parameters())
     mats = [named[n].detach().clone() for n, r in roles.items() if r == "muon"]
-    ours_p = [torch.nn.Parameter(m.clone()) for m in mats]
-    mixed_p = [torch.nn.Parameter(m.clone()) for m in mats]
+    auto_p = [torch.nn.Parameter(m.clone()) for m in mats]
+    fp32_p = [torch.nn.Parameter(m.clone()) for m in mats]
     # torch.optim.Muon takes 2-D parameters only: stacked experts become one parameter per expert.
     theirs_p = [torch.nn.Parameter(x.clone()) for m in mats for x in (m.unbind(0) if m.ndim == 3 else [m])]
     gen = torch.Generator().manual_seed(1)
-    for p, q in zip(ours_p, mixed_p, strict=True):
+    for p, q in zip(auto_p, fp32_p, strict=True):
         p.grad = torch.randn(p.shape, generator=gen)
         q.grad = p.grad.clone()
     for p in theirs_p:
         p.grad = torch.randn(p.shape, generator=gen)
-    a = Muon(ours_p, lr=0.02)
-    mixed = Muon(mixed_p, lr=0.02, ns_dtype=torch.bfloat16, final_dtype=torch.float32)
-    b = torch.optim.Muon(theirs_p, lr=0.02, adjust_lr_fn="match_rms_adamw")
-    return a.step, mixed.step, b.step
+    auto = Muon(auto_p, lr=0.02, ns_dtype=resolve_ns_dtype("auto", fast_bf16("cpu")), final_dtype=torch.float32)
+    fp32 = Muon(fp32_p, lr=0.02)
+    theirs = torch.optim.Muon(theirs_p, lr=0.02, adjust_lr_fn="match_rms_adamw")
+    return auto.step, fp32.step, theirs.step
 
 
-def compare(seq_len: int, batch: int, accum: int, rounds: int, peak: float, tmp: str,
-            ns_dtype: str = "fp32", mtp: bool = True, autocast: bool = False) -> dict[str, Any]:
-    """Interleaved medians of our step and the HF step at one global batch; our MFU."""
-    from trex.trainer import mfu as mfu_mod
+def compare(sides: list[Side], seq_len: int, batch: int, accum: int, rounds: int, tmp: str
+            ) -> tuple[dict[Side, float], dict[Side, float], dict[bool, float], Any]:
+    """Interleaved median step seconds of every side at one global batch; our compute/optimizer split
+    (median seconds per side) and FLOPs/token with and without MTP; a trex model for the Muon section."""
+    inputs = ours_inputs(seq_len, batch, f"{tmp}/data{accum}")
+    steps: dict[Side, Callable[[], float]] = {}
+    split: dict[Side, list[float]] = {}
+    fpt: dict[bool, float] = {}
+    model = None
+    for side in sides:
+        if side.who == "trex":
+            step, tr = ours(seq_len, batch, accum, f"{tmp}/{accum}{side.dtype}{side.mtp}", side.mtp,
+                            side.dtype == "bf16")
+            fpt[side.mtp] = tr._fpt(seq_len)
+            model = model or tr.model
+            split[side] = []
 
-    our_step, trainer = ours(seq_len, batch, accum, tmp, ns_dtype, mtp, autocast)
-    hf_step = hf(seq_len, batch, accum, int(trainer.model.args.vocab_size))
-    for _ in range(2):  # warm-up
-        our_step()
-        hf_step()
-    t_ours, t_hf, t_comp, t_opt = [], [], [], []
+            def run(step: Callable[[], Any] = step, side: Side = side) -> float:
+                rec = step()
+                split[side].append(rec.optimizer_seconds)
+                return float(rec.seconds)
+            steps[side] = run
+        else:
+            hstep = hf(seq_len, batch, accum, 8192, inputs, side.dtype == "bf16")
+            steps[side] = lambda hstep=hstep: _timed(hstep)  # type: ignore[misc]
+    for fn in steps.values():  # warm-up
+        fn()
+    for s in split.values():
+        s.clear()
+    times: dict[Side, list[float]] = {s: [] for s in sides}
     for _ in range(rounds):
-        rec = our_step()
-        t_ours.append(rec.seconds)
-        t_comp.append(rec.compute_seconds)
-        t_opt.append(rec.optimizer_seconds)
-        t_hf.append(_timed(hf_step))
-    tokens = seq_len * batch * accum
-    so, sh = statistics.median(t_ours), statistics.median(t_hf)
-    fpt = trainer._fpt(seq_len)
-    return {"tokens": tokens, "ours_s": so, "hf_s": sh, "ours_tps": tokens / so, "hf_tps": tokens / sh,
-            "compute_s": statistics.median(t_comp), "optim_s": statistics.median(t_opt), "fpt": fpt,
-            "mfu": mfu_mod.mfu(tokens / so, fpt, peak), "model": trainer.model}
+        for side, fn in steps.items():
+            times[side].append(fn())
+    return ({s: statistics.median(t) for s, t in times.items()},
+            {s: statistics.median(t) for s, t in split.items()}, fpt, model)
 
 
 def main() -> None:
@@ -136,63 +182,71 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4, help="micro-batch (sequences)")
-    ap.add_argument("--accum", type=int, default=8, help="micro-batches per step in the second comparison")
+    ap.add_argument("--accum", default="1,8,32", help="micro-batches per optimizer step, comma-separated")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps shared machines steady)")
     args = ap.parse_args()
+    from trex.runtime.device import fast_bf16
     from trex.trainer import mfu as mfu_mod
 
     torch.set_num_threads(args.threads)
+    accums = [int(a) for a in args.accum.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); small-cpu preset; "
-          f"micro-batch {args.batch} x seq {args.seq_len}; medians of {args.rounds} interleaved rounds")
-    peak = mfu_mod.measure_cpu_peak_flops(seconds=2.0)
-    # (micro-batches per step, Newton-Schulz dtype, MTP on, bf16 autocast): defaults first, then the opt-ins.
-    runs = ((1, "fp32", True, False), (1, "bf16", True, False), (1, "fp32", False, False),
-            (args.accum, "fp32", True, False), (args.accum, "bf16", True, True))
-    results: dict[tuple[int, str, bool, bool], dict[str, Any]] = {}
+          f"micro-batch {args.batch} x seq {args.seq_len}; medians of {args.rounds} interleaved rounds; "
+          f"fast bf16 GEMMs on this CPU: {fast_bf16('cpu')}")
+    peak = {d: mfu_mod.measure_cpu_peak_flops(seconds=2.0, dtype=d) for d in ("fp32", "bf16")}
+    sides = [Side("trex", d, m) for d in ("fp32", "bf16") for m in (True, False)]
+    sides += [Side("HF", "fp32", False), Side("HF", "bf16", False)]
+    table: dict[int, tuple[dict[Side, float], dict[Side, float]]] = {}
+    fpt: dict[bool, float] = {}
+    model = None
     with tempfile.TemporaryDirectory() as tmp:
-        for run in runs:
-            accum, ns, mtp, autocast = run
-            results[run] = compare(args.seq_len, args.batch, accum, args.rounds, peak,
-                                   f"{tmp}/a{accum}{ns}{mtp}{autocast}", ns, mtp, autocast)
-        fns = muon_trio(results[1, "fp32", True, False]["model"])
-        times: list[list[float]] = [[], [], []]
+        for accum in accums:
+            med, opt_s, fpt, m = compare(sides, args.seq_len, args.batch, accum, args.rounds, tmp)
+            model = model or m
+            table[accum] = (med, opt_s)
+            print(f"  global batch {args.batch * accum} done", flush=True)
+        fns = muon_trio(model)  # type: ignore[arg-type]
+        mt: list[list[float]] = [[], [], []]
         for f in fns:
             f()
         for _ in range(args.rounds):
-            for f, ts in zip(fns, times, strict=True):
+            for f, ts in zip(fns, mt, strict=True):
                 ts.append(_timed(f))
-    mo, mm, mt = (statistics.median(ts) for ts in times)
+    m_auto, m_fp32, m_torch = (statistics.median(ts) for ts in mt)
 
     def ok(c: bool) -> str:
         return "met" if c else "NOT met"
 
-    print(f"\ncalibration GEMM peak (fp32): {peak / 1e9:.1f} GFLOP/s; model FLOPs/token "
-          f"({mfu_mod.FLOPS_CONVENTION}): {results[1, 'fp32', True, False]['fpt'] / 1e6:.2f} M\n")
-    print(f"{'global batch':>14} {'NS dtype':>9} {'MTP':>4} {'autocast':>9} {'trex step':>11} {'(fwd+bwd':>9} {'optim)':>8} "
-          f"{'HF step':>10} {'trex tok/s':>11} {'HF tok/s':>9} {'ratio':>7} {'trex MFU':>9}")
-    for (accum, ns, mtp, ac), r in results.items():
-        print(f"{args.batch * accum:>9} seqs {ns:>9} {'on' if mtp else 'off':>4} {'bf16' if ac else 'off':>9} "
-              f"{r['ours_s'] * 1e3:>9.0f}ms "
-              f"{r['compute_s'] * 1e3:>7.0f}ms "
-              f"{r['optim_s'] * 1e3:>6.0f}ms {r['hf_s'] * 1e3:>8.0f}ms {r['ours_tps']:>11.0f} {r['hf_tps']:>9.0f} "
-              f"{r['ours_tps'] / r['hf_tps']:>6.2f}x {100 * r['mfu']:>8.1f}%")
-    print(f"\nMuon 8+2 NS steps (trex, fp32, batched)   {mo * 1e3:8.1f} ms")
-    print(f"Muon 8 bf16 + 2 fp32 NS steps (trex)       {mm * 1e3:8.1f} ms")
-    print(f"torch.optim.Muon 5 NS steps (bf16)         {mt * 1e3:8.1f} ms")
-    print("\nratios vs goals")
-    for (accum, ns, mtp, ac), r in results.items():
-        what = f"global {args.batch * accum:>3}, NS {ns}, MTP {'on' if mtp else 'off'}{', autocast bf16' if ac else ''}"
-        print(f"  tokens/s trex / HF ({what})   "
-              f"{r['ours_tps'] / r['hf_tps']:6.2f}x   (goal >= 2x: {ok(r['ours_tps'] / r['hf_tps'] >= 2)})")
-    for (accum, ns, mtp, ac), r in results.items():
-        what = f"global {args.batch * accum:>3}, NS {ns}, MTP {'on' if mtp else 'off'}{', autocast bf16' if ac else ''}"
-        print(f"  MFU vs measured GEMM peak ({what})  "
-              f"{100 * r['mfu']:6.1f} %  (goal >= 30 %: {ok(r['mfu'] >= 0.30)})")
-    on, off = results[1, "fp32", True, False], results[1, "fp32", False, False]
-    print(f"  MTP cost (global {args.batch}): fwd+bwd {on['compute_s'] * 1e3:.0f} ms with, {off['compute_s'] * 1e3:.0f} ms "
-          f"without ({100 * (on['compute_s'] / off['compute_s'] - 1):.0f} % more; each row's MFU uses its own FLOPs/token)")
-    print(f"  Muon 10-step fp32 / torch 5-step      {mo / mt:6.2f}x   (goal <= 2.2x: {ok(mo / mt <= 2.2)})")
-    print(f"  Muon 10-step mixed / torch 5-step     {mm / mt:6.2f}x   (goal <= 2.2x: {ok(mm / mt <= 2.2)})")
+    print(f"\ncalibration GEMM peak: fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s; "
+          f"FLOPs/token ({mfu_mod.FLOPS_CONVENTION}): {fpt[False] / 1e6:.2f} M, with MTP {fpt[True] / 1e6:.2f} M\n")
+    print(f"{'global batch':>12} {'side':>16} {'step':>9} {'(optim)':>8} {'tok/s':>8} {'MFU':>6} "
+          f"{'x HF fp32':>9} {'x HF bf16':>9}")
+    for accum, (med, opt_s) in table.items():
+        tokens = args.seq_len * args.batch * accum
+        for side, s in med.items():
+            tps = tokens / s
+            mfu = mfu_mod.mfu(tps, fpt[side.mtp], peak[side.dtype])
+            optim = f"{opt_s[side] * 1e3:6.0f}ms" if side in opt_s else " " * 8
+            print(f"{args.batch * accum:>7} seqs {side.label:>16} {s * 1e3:7.0f}ms {optim} {tps:8.0f} "
+                  f"{100 * mfu:5.1f}% {med[Side('HF', 'fp32', False)] / s:8.2f}x {med[Side('HF', 'bf16', False)] / s:8.2f}x")
+    print(f"\nMuon, trex default (nsDtype auto)     {m_auto * 1e3:8.1f} ms")
+    print(f"Muon, trex all-fp32                   {m_fp32 * 1e3:8.1f} ms")
+    print(f"torch.optim.Muon 5 NS steps (bf16)    {m_torch * 1e3:8.1f} ms")
+    print("\nratios vs goals (trex rows without MTP compute what HF computes)")
+    for accum, (med, _o) in table.items():
+        for dt in ("fp32", "bf16"):
+            s = med[Side("trex", dt, False)]
+            print(f"  tokens/s, global {args.batch * accum:>3}, trex {dt}: {med[Side('HF', 'fp32', False)] / s:5.2f}x HF fp32, "
+                  f"{med[Side('HF', dt, False)] / s:5.2f}x HF {dt} (goal >= 2x: "
+                  f"{ok(med[Side('HF', dt, False)] / s >= 2)} like for like)")
+    for accum, (med, _o) in table.items():
+        tokens = args.seq_len * args.batch * accum
+        for dt in ("fp32", "bf16"):
+            mfu = mfu_mod.mfu(tokens / med[Side("trex", dt, True)], fpt[True], peak[dt])
+            print(f"  MFU, global {args.batch * accum:>3}, trex {dt} +MTP vs the {dt} peak: {100 * mfu:5.1f} % "
+                  f"(goal >= 30 %: {ok(mfu >= 0.30)})")
+    print(f"  Muon 10-step default / torch 5-step   {m_auto / m_torch:5.2f}x (goal <= 2.2x: {ok(m_auto / m_torch <= 2.2)})")
+    print(f"  Muon 10-step all-fp32 / torch 5-step  {m_fp32 / m_torch:5.2f}x")
 
 
 if __name__ == "__main__":

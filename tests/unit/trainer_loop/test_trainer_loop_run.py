@@ -81,7 +81,7 @@ def test_nan_guard_skips_update_and_bias(tmp_path: Path) -> None:
     moments = {k: v.clone() for k, v in adamw.state[head].items()}
 
     def poison(_m: Any, _i: Any, out: Any) -> Any:
-        out.logits = out.logits * float("nan")
+        out.hidden = out.hidden * float("nan")  # the loop asks for hidden states (fused head + loss)
         return out
 
     handle = tr.model.register_forward_hook(poison)

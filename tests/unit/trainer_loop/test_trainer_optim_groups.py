@@ -129,12 +129,35 @@ def test_clip_grad_norm_matches_closed_form() -> None:
 def test_ns_dtype_resolution() -> None:
     from trex.trainer.optim.build import resolve_ns_dtype
 
-    assert resolve_ns_dtype("auto", "cpu", "bf16") is torch.float32
-    assert resolve_ns_dtype("auto", "npu", "bf16") is torch.bfloat16
-    assert resolve_ns_dtype("auto", "cuda", "fp32") is torch.float32
-    assert resolve_ns_dtype("bf16", "cpu", "fp32") is torch.bfloat16
+    assert resolve_ns_dtype("auto", fast_bf16=False) is torch.float32
+    assert resolve_ns_dtype("auto", fast_bf16=True) is torch.bfloat16
+    assert resolve_ns_dtype("fp32", fast_bf16=True) is torch.float32
+    assert resolve_ns_dtype("bf16", fast_bf16=False) is torch.bfloat16
     m = Small()
     opts = build_optimizers(m, m.roles(), OptimizerConfig(), ns_dtype=torch.bfloat16)
     assert opts.muon is not None
     group = opts.muon.param_groups[0]
     assert group["ns_dtype"] is torch.bfloat16 and group["final_dtype"] is torch.float32
+
+
+def test_fast_bf16_detection_from_cpu_flags() -> None:
+    """AVX512-BF16 or AMX-BF16 in /proc/cpuinfo's flags line means fast bf16 GEMMs; plain AVX-512 does not."""
+    from trex.runtime.device import BF16_CPU_FLAGS, cpu_flags
+
+    zen4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n"
+    skylake = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd bf16\n"
+    assert any(f in cpu_flags(zen4) for f in BF16_CPU_FLAGS)
+    assert not any(f in cpu_flags(skylake) for f in BF16_CPU_FLAGS)
+    assert "bf16" in cpu_flags(arm) and cpu_flags("") == set()
+
+
+def test_mixed_newton_schulz_as_accurate_as_fp32() -> None:
+    """auto's bf16 leading stages + fp32 cleanup: singular values in [0.999, 1.001] like all-fp32 (float64 SVD)."""
+    from trex.trainer.optim.muon import newton_schulz
+
+    gen = torch.Generator().manual_seed(3)
+    for shape in ((96, 48), (48, 96), (64, 64), (4, 32, 80)):
+        g = torch.randn(shape, generator=gen)
+        s = torch.linalg.svdvals(newton_schulz(g, dtype=torch.bfloat16, final_dtype=torch.float32).double())
+        assert float(s.min()) >= 0.999 and float(s.max()) <= 1.001, shape

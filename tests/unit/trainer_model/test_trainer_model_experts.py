@@ -88,3 +88,24 @@ def test_grouped_and_loop_paths_have_equal_gradients() -> None:
     for g, p in zip(grads, ex.parameters(), strict=True):
         assert p.grad is not None
         assert torch.allclose(g.double(), p.grad.double(), atol=1e-5)
+
+
+def test_grouped_experts_under_autocast_run_in_bf16() -> None:
+    """Autocast does not cover the grouped GEMM; the experts cast like F.linear does: a bf16 output close to
+    the float64 reference, and fp32 gradients for the fp32 parameters."""
+    torch.manual_seed(4)
+    ex = GroupedExperts(ModelArgs(hidden_size=32, moe_intermediate_size=16, n_routed_experts=4,
+                                  experts_per_token=2))
+    with torch.no_grad():
+        for p in ex.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(24, 32)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(24)])
+    w = torch.rand(24, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ex(x, idx, w)
+    assert y.dtype == torch.bfloat16
+    ref = _loop_reference(ex, x, idx, w)
+    assert (y.double() - ref).norm() < 2e-2 * ref.norm()
+    y.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ex.parameters())

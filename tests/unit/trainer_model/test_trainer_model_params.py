@@ -103,6 +103,9 @@ def test_peak_catalog_mfu_and_memory() -> None:
         device_peak("tpu9")
     assert mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
     assert measure_cpu_peak_flops(seconds=0.02, n=64) > 0
+    assert measure_cpu_peak_flops(seconds=0.02, n=64, dtype="bf16") > 0
+    with pytest.raises(ValueError, match="dtype"):
+        measure_cpu_peak_flops(seconds=0.02, n=64, dtype="fp8")
     assert "6N" in FLOPS_CONVENTION
     v = resolve_model_values("v4-pro", {})
     one = memory_per_device(v)

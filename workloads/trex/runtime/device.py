@@ -128,6 +128,33 @@ def supports_dtype(kind: str, dtype: str) -> bool:
     raise ValueError(f"unknown dtype {dtype!r}; allowed: fp32, bf16, fp16")
 
 
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+"""x86 CPU flags whose presence means native bf16 dot products (bf16 GEMMs about 2x fp32 throughput)."""
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The feature flags of the first processor in a /proc/cpuinfo text (empty when none are listed)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def fast_bf16(kind: str) -> bool:
+    """Whether bf16 GEMMs beat fp32 on ``kind``: accelerators with bf16 units, CPUs with AVX512-BF16/AMX."""
+    if kind == "npu":
+        return True
+    if kind == "cuda":
+        return supports_dtype("cuda", "bf16")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = cpu_flags(f.read())
+    except OSError:
+        return False
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """torch dtype for "fp32" / "bf16" / "fp16"."""
     import torch

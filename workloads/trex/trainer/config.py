@@ -143,8 +143,9 @@ class MuonConfig(TrexModel):
     weight_decay: float = Field(default=0.1, ge=0)
     """Decoupled weight decay."""
     ns_dtype: Literal["auto", "fp32", "bf16"] = "auto"
-    """Compute dtype of every Newton-Schulz stage but the last, which always runs in fp32 (auto: bf16 on
-    accelerators when model.dtype is bf16, else fp32)."""
+    """Compute dtype of every Newton-Schulz stage but the last, which always runs in fp32 and lands the
+    singular values on 1 to fp32 accuracy (auto: bf16 where bf16 GEMMs are fast: NPUs, bf16-capable GPUs,
+    CPUs with AVX512-BF16 or AMX; fp32 elsewhere)."""
 
 
 class AdamWConfig(TrexModel):

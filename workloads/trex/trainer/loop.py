@@ -200,6 +200,8 @@ class Trainer:
         if problems:
             raise ConfigProblem(*problems[0])
         self.cfg = cfg
+        self.compute_dtype = "bf16" if "bf16" in (cfg.model.dtype, cfg.model.autocast) else "fp32"
+        """The GEMM dtype of forward and backward (bf16 parameters or bf16 autocast), for the MFU peak."""
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.job = job_name
         out = Path(out_dir)
@@ -246,7 +248,9 @@ class Trainer:
         return model, opts
 
     def _ns_dtype(self) -> torch.dtype:
-        return resolve_ns_dtype(self.cfg.optimizer.muon.ns_dtype, self.device.kind, self.cfg.model.dtype)
+        from trex.runtime.device import fast_bf16
+
+        return resolve_ns_dtype(self.cfg.optimizer.muon.ns_dtype, fast_bf16(self.device.kind))
 
     def _anticipatory(self) -> AnticipatoryRouting:
         model: Any = self.model
@@ -264,7 +268,7 @@ class Trainer:
             self.log(f"metrics on :{exporter.serve(port)}/metrics")
         jsonl_path = Path(self.cfg.logging.jsonl) if self.cfg.logging.jsonl else self.ckpt_dir / "metrics.jsonl"
         fpt = self._fpt(self.cfg.data.seq_len)
-        peak, source = peak_flops(self.device, measure_peak)
+        peak, source = peak_flops(self.device, measure_peak, dtype=self.compute_dtype)
         convention = str(mfu_mod.FLOPS_CONVENTION)
         label = f"{self.device.kind}:{self.device.name}"
         exporter.metric("trex_train_peak_flops", job_name=self.job, device=label, source=source).set(peak)
@@ -345,7 +349,7 @@ class Trainer:
             weight = n_valid / total_valid
             batch = {k: v.to(dev) for k, v in batch_cpu.items()}
             with self._autocast(dev):
-                out = model(batch["input_ids"], batch["position_ids"], batch["doc_ids"])
+                out = model(batch["input_ids"], batch["position_ids"], batch["doc_ids"], logits=False)
                 loss, parts = compute_loss(out, batch["labels"], batch["loss_mask"], cfg.routing, s)
             torch.autograd.backward(loss * weight)
             c = out.expert_counts.detach()
@@ -486,8 +490,11 @@ class Trainer:
         return float(mfu_mod.flops_per_token(resolved_model_values(self.cfg.model), seq_len))
 
 
-def peak_flops(device: DeviceInfo, measure: bool = True, seconds: float = 1.0) -> tuple[float, str]:
-    """(peak FLOP/s, source): the SKU catalog for accelerators, a short calibration GEMM on CPU or unknown SKUs."""
+def peak_flops(device: DeviceInfo, measure: bool = True, seconds: float = 1.0,
+               dtype: str = "fp32") -> tuple[float, str]:
+    """(peak FLOP/s, source): the SKU catalog for accelerators, a short calibration GEMM on CPU or unknown SKUs.
+    On CPU the calibration runs in the training's GEMM dtype (``dtype``: "fp32" or "bf16"), so a bf16 run's
+    MFU is measured against the bf16 peak, not the lower fp32 one."""
     from trex.trainer import mfu as mfu_mod
 
     if device.kind != "cpu":
@@ -498,7 +505,7 @@ def peak_flops(device: DeviceInfo, measure: bool = True, seconds: float = 1.0) -
         return measure_device_gemm_flops(device, seconds), f"measured-gemm-bf16:{device.kind}"
     if not measure:
         return measure_device_gemm_flops(device, 0.05, n=256), "measured-gemm-fp32:cpu-quick"
-    return mfu_mod.measure_cpu_peak_flops(seconds=seconds), "measured-gemm-fp32:cpu"
+    return mfu_mod.measure_cpu_peak_flops(seconds=seconds, dtype=dtype), f"measured-gemm-{dtype}:cpu"
 
 
 def measure_device_gemm_flops(device: DeviceInfo, seconds: float, n: int = 4096) -> float:

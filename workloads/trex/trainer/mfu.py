@@ -50,12 +50,16 @@ def device_peak(device: str, override: float | None = None) -> float:
     return PEAK_FLOPS[key]
 
 
-def measure_cpu_peak_flops(seconds: float = 1.0, n: int = 512) -> float:
-    """Calibrate the CPU peak with fp32 n x n GEMMs for about `seconds`; returns FLOP/s (best of runs)."""
+def measure_cpu_peak_flops(seconds: float = 1.0, n: int = 512, dtype: str = "fp32") -> float:
+    """Calibrate the CPU peak with n x n GEMMs in ``dtype`` ("fp32" or "bf16") for about `seconds`;
+    returns FLOP/s (best of runs)."""
     import torch
 
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"dtype must be fp32 or bf16, got {dtype!r}")
+    tdt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a = torch.randn(n, n, dtype=tdt)
+    b = torch.randn(n, n, dtype=tdt)
     torch.mm(a, b)
     best = 0.0
     deadline = time.perf_counter() + seconds

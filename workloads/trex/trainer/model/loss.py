@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,99 @@ def masked_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
                          reduction="none")
     w = weights.reshape(-1)
     return (ce * w).sum() / w.sum().clamp(min=1e-12)
+
+
+CHUNK_BYTES = 4 << 20
+"""fp32 logits per row chunk of the fused head + cross-entropy (small enough to stay in cache)."""
+GRAD_BUFFER_BYTES = 512 << 20
+"""Up to this size the fused loss keeps d(loss)/d(logits) for one weight-gradient GEMM at the end;
+larger (big vocabularies x many tokens) it accumulates the weight gradient chunk by chunk instead."""
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """sum_i w_i * CE(h_i @ W^T, t_i) without materialising the logits: each row chunk's logits are made,
+    reduced and turned into d(loss)/d(logits) = w * (softmax - onehot) at once, so the forward also
+    computes both input gradients (one softmax pass instead of forward, log-softmax backward and fills);
+    backward only scales them by the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                weights: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+        need = bool(ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
+        n, vocab = h.shape[0], weight.shape[0]
+        with torch.autocast(h.device.type, enabled=False):
+            hc, wc = h.to(compute_dtype), weight.to(compute_dtype)
+            rows = min(n, max(64, CHUNK_BYTES // (4 * vocab)))
+            keep = need and n * vocab * hc.element_size() <= GRAD_BUFFER_BYTES
+            g_all = hc.new_empty((n, vocab)) if keep else None
+            grad_h = torch.empty_like(hc) if need else None
+            grad_w = (None if not need or keep else
+                      torch.zeros(weight.shape, dtype=torch.float32, device=weight.device))
+            # Buffers reused by every chunk: the GEMM's output, and its fp32 copy when the GEMM is not fp32.
+            zb = hc.new_empty((rows, vocab))
+            zf = zb if zb.dtype == torch.float32 else torch.empty((rows, vocab), dtype=torch.float32,
+                                                                  device=h.device)
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            for s in range(0, n, rows):
+                e = min(n, s + rows)
+                z = zf[:e - s]
+                torch.mm(hc[s:e], wc.T, out=zb[:e - s])
+                if zf is not zb:
+                    z.copy_(zb[:e - s])
+                tgt = targets[s:e, None]
+                w = weights[s:e]
+                picked = z.gather(1, tgt).squeeze(1)
+                top = z.amax(dim=-1, keepdim=True)
+                z.sub_(top).exp_()  # one exp pass serves both the log-sum-exp and the softmax
+                norm = z.sum(dim=-1)
+                total += ((top.squeeze(1) + norm.log() - picked) * w).sum()
+                if not need:
+                    continue
+                z.mul_((w / norm)[:, None])  # w * softmax
+                z.scatter_add_(1, tgt, -w[:, None])  # minus w * onehot
+                g = g_all[s:e] if g_all is not None else zb[:e - s]
+                if g.data_ptr() != z.data_ptr():
+                    g.copy_(z)
+                assert grad_h is not None
+                torch.mm(g, wc, out=grad_h[s:e])
+                if grad_w is not None:
+                    grad_w.add_(g.T @ hc[s:e])
+            if need:
+                assert grad_h is not None
+                gw = (g_all.T @ hc) if g_all is not None else grad_w
+                assert gw is not None
+                ctx.save_for_backward(grad_h.to(h.dtype), gw.to(weight.dtype))
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_h, grad_w = ctx.saved_tensors
+        # Scaled in place: the gradients were made for this one backward (no retain_graph reuse).
+        return grad_h.mul_(grad_out), grad_w.mul_(grad_out), None, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         weights: torch.Tensor) -> torch.Tensor:
+    """masked_ce(hidden @ weight.T, targets, weights) fused with the head: same value and gradients, no
+    [N, V] logits kept. Runs the GEMMs in the autocast dtype when autocast is on, softmax in fp32."""
+    kind = hidden.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
+    w = weights.reshape(-1).float()
+    w = w / w.sum().clamp(min=1e-12)
+    loss: torch.Tensor = _LinearCrossEntropy.apply(  # type: ignore[no-untyped-call]
+        hidden.reshape(-1, hidden.shape[-1]), weight, targets.clamp(min=0).reshape(-1), w, dtype)
+    return loss
+
+
+def _ce(out: ModelOutput, k: int | None, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the trunk head (k None) or MTP head k, fused when the forward skipped the logits."""
+    hidden = out.hidden if k is None else (out.mtp_hidden[k] if out.mtp_hidden else None)
+    if hidden is not None and out.head_weight is not None:
+        return linear_cross_entropy(hidden, out.head_weight, targets, weights)
+    logits = out.logits if k is None else out.mtp_logits[k]
+    if logits is None:
+        raise ValueError("model output has neither logits nor hidden states with a head weight")
+    return masked_ce(logits, targets, weights)
 
 
 def mtp_targets(labels: torch.Tensor, loss_mask: torch.Tensor | None, doc_ids: torch.Tensor | None,
@@ -61,14 +154,15 @@ def compute_loss(out: ModelOutput, labels: torch.Tensor, loss_mask: torch.Tensor
     The csa indexer loss only trains the indexer (its inputs and targets are detached).
     Returns (total, parts) with parts "lm", "mtp", "balance", "indexer", "total" as floats.
     """
-    lm = masked_ce(out.logits, labels, _valid(labels, loss_mask))
+    lm = _ce(out, None, labels, _valid(labels, loss_mask))
     zero = lm.new_zeros(())
     mtp = zero
-    if out.mtp_logits:
+    n_mtp = len(out.mtp_hidden) or len(out.mtp_logits)
+    if n_mtp:
         terms = []
-        for k, logits in enumerate(out.mtp_logits):
+        for k in range(n_mtp):
             tgt, w = mtp_targets(labels, loss_mask, out.doc_ids, k + 1)
-            terms.append(masked_ce(logits, tgt, w))
+            terms.append(_ce(out, k, tgt, w))
         mtp = torch.stack(terms).mean()
     w_mtp = routing.mtp_loss_weight if step < routing.mtp_weight_drop_step else routing.mtp_loss_weight_late
     balance = out.balance_loss.float()

@@ -33,12 +33,18 @@ class ModelOutput:
     targets inside documents).
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     mtp_logits: list[torch.Tensor]
     balance_loss: torch.Tensor
     expert_counts: torch.Tensor
     indexer_loss: torch.Tensor
     doc_ids: torch.Tensor | None = field(default=None)
+    hidden: torch.Tensor | None = field(default=None)
+    """With ``logits=False``: the final normed hidden [B, T, D] the head would read (logits are None)."""
+    mtp_hidden: list[torch.Tensor] = field(default_factory=list)
+    """With ``logits=False``: each MTP module's normed hidden (mtp_logits is empty)."""
+    head_weight: torch.Tensor | None = field(default=None)
+    """With ``logits=False``: the output head's weight [V, D], for a fused head + cross-entropy."""
 
 
 @dataclass
@@ -170,9 +176,11 @@ class DeepSeekModel(nn.Module):
 
     # --- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None) -> ModelOutput:
+                doc_ids: torch.Tensor | None = None, logits: bool = True) -> ModelOutput:
         """input_ids [B, T] -> ModelOutput. doc_ids [B, T] isolates packed documents; position_ids
-        default to positions restarting per document (plain 0..T-1 without doc_ids)."""
+        default to positions restarting per document (plain 0..T-1 without doc_ids). ``logits=False``
+        skips the output head and returns the normed hidden states instead, so the loss can fuse the
+        head with the cross-entropy and never hold [B, T, V] logits."""
         b, t = input_ids.shape
         if position_ids is None:
             position_ids = (positions_from_docs(doc_ids) if doc_ids is not None
@@ -187,23 +195,26 @@ class DeepSeekModel(nn.Module):
         for layer in self.layers:
             x = layer(x, ctx, input_ids, acc)
         h = self.hc_head(x) if self.hc_head is not None else x
-        logits = self.lm_head(self.norm(h))
-        mtp_logits = []
+        hidden = self.norm(h)
+        mtp_hidden = []
         for k, mod in enumerate(self.mtp):
             assert isinstance(mod, MTPModule)
             shifted = torch.zeros_like(input_ids)
             shifted[:, : t - k - 1] = input_ids[:, k + 1:]
             h = mod(h, self.embed_tokens(shifted), ctx, shifted, acc)
-            mtp_logits.append(self.lm_head(mod.norm(h)))
-        zero = logits.new_zeros((), dtype=torch.float32)
+            mtp_hidden.append(mod.norm(h))
+        zero = hidden.new_zeros((), dtype=torch.float32)
         return ModelOutput(
-            logits=logits,
-            mtp_logits=mtp_logits,
+            logits=self.lm_head(hidden) if logits else None,
+            mtp_logits=[self.lm_head(m) for m in mtp_hidden] if logits else [],
             balance_loss=torch.stack(acc.balance).sum() if acc.balance else zero,
             expert_counts=(torch.stack(acc.counts) if acc.counts
-                           else torch.zeros(0, self.args.n_routed_experts, dtype=torch.long, device=logits.device)),
+                           else torch.zeros(0, self.args.n_routed_experts, dtype=torch.long, device=hidden.device)),
             indexer_loss=torch.stack(acc.indexer).float().sum() if acc.indexer else zero,
             doc_ids=doc_ids,
+            hidden=None if logits else hidden,
+            mtp_hidden=[] if logits else mtp_hidden,
+            head_weight=None if logits else self.lm_head.weight,
         )
 
     # --- hooks used by the training loop ------------------------------------------------

@@ -111,6 +111,14 @@ def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.device.type == "cpu"
 
 
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype when autocast is on for x's device and x is floating point, else None."""
+    kind = x.device.type
+    if not x.is_floating_point() or not torch.is_autocast_enabled(kind):
+        return None
+    return torch.get_autocast_dtype(kind)
+
+
 def grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Rows of `x` sorted by expert, `counts[e]` rows for expert e; returns x_e @ w[e].T stacked.
     w is [E, out, in]. Uses torch._grouped_mm when it applies, else a loop over experts."""
@@ -158,9 +166,15 @@ class GroupedExperts(nn.Module):
         order = flat.argsort(stable=True)
         tok = order // k
         counts = torch.bincount(flat, minlength=self.n_experts)
+        gate_w: torch.Tensor = self.gate_proj
+        up_w: torch.Tensor = self.up_proj
+        down_w: torch.Tensor = self.down_proj
+        dt = _autocast_dtype(x)
+        if dt is not None:  # autocast does not cover the grouped GEMM: cast like it casts F.linear
+            x, gate_w, up_w, down_w = x.to(dt), gate_w.to(dt), up_w.to(dt), down_w.to(dt)
         xs = x[tok]
-        h = swiglu(grouped_linear(xs, self.gate_proj, counts), grouped_linear(xs, self.up_proj, counts), self.limit)
-        y = grouped_linear(h, self.down_proj, counts) * weights.reshape(-1)[order, None].to(x.dtype)
+        h = swiglu(grouped_linear(xs, gate_w, counts), grouped_linear(xs, up_w, counts), self.limit)
+        y = grouped_linear(h, down_w, counts) * weights.reshape(-1)[order, None].to(x.dtype)
         return x.new_zeros(x.shape).index_add(0, tok, y)
 
 
