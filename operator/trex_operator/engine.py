@@ -97,6 +97,10 @@ class KindImpl(Protocol):
         """Extra actions while finished (release servers, publish results)."""
         ...
 
+    def ref_problem(self, ctx: Ctx) -> str | None:
+        """Why the succeeded references cannot serve this job as asked (None when they can)."""
+        ...
+
 
 def _impl(kind: str) -> KindImpl:
     from trex_operator import kinds
@@ -200,6 +204,10 @@ def _active(ctx: Ctx, impl: KindImpl) -> None:
                       now, ctx.generation)
         st.lineage = deps.lineage
         ctx.deps = deps
+        problem = impl.ref_problem(ctx)
+        if problem is not None:
+            finish(ctx, impl, "Failed", "DependencyIncompatible", problem)
+            return
     started = parse_time(st.start_time)
     deadline = spec.run_policy.active_deadline_seconds
     if deadline is not None and started is not None and (now - started).total_seconds() > deadline:

@@ -169,6 +169,9 @@ class _PodKind:
     def finished(self, ctx: Ctx) -> None:
         return None
 
+    def ref_problem(self, ctx: Ctx) -> str | None:
+        return None
+
 
 # ---- TrainJob ----------------------------------------------------------------------------------
 
@@ -378,6 +381,24 @@ class EvalImpl(_PodKind):
         mount = train_checkpoint_ref(body, None)[0] if body is not None else None
         return (mount,) if mount is not None else ()
 
+    def ref_problem(self, ctx: Ctx) -> str | None:
+        """Why modelFrom.step cannot be evaluated: the TrainJob exports only its final model, or never saved
+        that step (checkpoints are taken every intervalSteps and at maxSteps)."""
+        ref = ctx.model.spec.model_from
+        body = ctx.deps.bodies.get(("TrainJob", ref.name)) if ref is not None else None
+        if ref is None or ref.step is None or body is None:
+            return None
+        trainer = _ref_spec(body).get("trainer") or {}
+        ckpt = trainer.get("checkpoint") or {}
+        if ckpt.get("exportHfEvery") is not True:
+            return (f"modelFrom.step {ref.step}: TrainJob {ref.name} exports only its final model; set its "
+                    "trainer.checkpoint.exportHfEvery: true to evaluate one step, or leave step unset")
+        interval, last = ckpt.get("intervalSteps", 100), trainer.get("maxSteps")
+        if isinstance(interval, int) and interval > 0 and ref.step % interval and ref.step != last:
+            return (f"modelFrom.step {ref.step}: TrainJob {ref.name} saves a checkpoint every {interval} steps "
+                    f"and at maxSteps ({last}); step {ref.step} is never saved")
+        return None
+
     def model_path(self, ctx: Ctx) -> str | None:
         ref = ctx.model.spec.model_from
         if ref is None:
@@ -385,7 +406,9 @@ class EvalImpl(_PodKind):
         body = ctx.deps.bodies.get(("TrainJob", ref.name))
         if body is None:
             return None
-        path = train_checkpoint_path(body, ref.step)
+        # The Hugging Face export the trainer writes (<dir>/hf at the end, <dir>/step-N/hf with exportHfEvery):
+        # what a model server loads and what the trex-checkpoint model reads.
+        path = posixpath.join(train_checkpoint_path(body, ref.step), "hf")
         for entry in ctx.status.lineage:
             if entry.kind == "TrainJob":
                 entry.detail = f"checkpoint {path}"
@@ -545,6 +568,9 @@ def _job_condition(job: Manifest, type_: str) -> bool:
 
 class ORDataImpl:
     """ORDataJob: an Indexed batch Job (one completion per shard), then a merge Job."""
+
+    def ref_problem(self, ctx: Ctx) -> str | None:
+        return None
 
     def refs(self, ctx: Ctx) -> list[tuple[str, str, str]]:
         return []

@@ -33,7 +33,7 @@ def test_export_loads_in_transformers_and_matches(tmp_path: Path) -> None:
     cfg = {"mode": "sft", "maxSteps": 4, "model": {"preset": "tiny"},
            "data": {"train": str(data), "seqLen": 64, "microBatchSize": 2, "globalBatchSize": 2,
                     "tokenizer": {"vocabSize": 400}},
-           "checkpoint": {"dir": str(tmp_path / "ckpt"), "intervalSteps": 2},
+           "checkpoint": {"dir": str(tmp_path / "ckpt"), "intervalSteps": 2, "exportHfEvery": True},
            "optimizer": {"schedule": {"warmupSteps": 1}}}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     run = subprocess.run([sys.executable, "-m", "trex", "train", "--config", str(tmp_path / "cfg.yaml"),
@@ -45,6 +45,20 @@ def test_export_loads_in_transformers_and_matches(tmp_path: Path) -> None:
     assert export == tmp_path / "ckpt" / "hf"
     summary = json.loads((tmp_path / "term.json").read_text())
     assert summary["hfExport"] == str(export)
+    # exportHfEvery: each checkpoint carries its own export, hashed in its manifest (modelFrom.step).
+    from safetensors.torch import load_file
+    from trex.trainer.checkpoint import CheckpointManager
+
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    weights = {}
+    for step in (2, 4):
+        step_dir = tmp_path / "ckpt" / f"step-{step:08d}"
+        assert find_hf_export(step_dir) == step_dir / "hf"
+        assert "hf/config.json" in mgr.verify(step_dir)["files"]
+        weights[step] = {k: v for f in sorted((step_dir / "hf").glob("*.safetensors")) for k, v in load_file(f).items()}
+    final = {k: v for f in sorted(export.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert weights[4].keys() == final.keys() and all(torch.equal(weights[4][k], final[k]) for k in final)
+    assert any(not torch.equal(weights[2][k], final[k]) for k in final)  # step 2 is an earlier model
 
     tok = AutoTokenizer.from_pretrained(export)
     hf = AutoModelForCausalLM.from_pretrained(export, torch_dtype=torch.float32).eval()

@@ -181,11 +181,12 @@ def test_eval_server_and_pod_per_benchmark() -> None:
     body["spec"]["volumes"] = {"checkpoints": {"claimName": "ck"}}
     obs = Observed(now=NOW)
     obs.refs[("TrainJob", "tj")] = _succeeded("TrainJob", "tj", {"volumes": {"checkpoints": {"claimName": "ck"}},
-                                                                 "trainer": {"checkpoint": {"dir": "run1"}}})
+                                                                 "trainer": {"checkpoint": {"dir": "run1",
+                                                                                            "exportHfEvery": True}}})
     children = plan_job(body, obs).ensure
     dep = next(m for m in children if m["kind"] == "Deployment")
     assert dep["spec"]["template"]["spec"]["containers"][0]["args"] == ["--served-model-name", "m",
-                                                                        "/refs/tj/run1/step-00000500"]
+                                                                        "/refs/tj/run1/step-00000500/hf"]
     assert dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] == [
         {"name": "ref-0", "mountPath": "/refs/tj", "readOnly": True}]
     obs.deployments[dep["metadata"]["name"]] = {**dep, "status": {"availableReplicas": 1}}
@@ -221,3 +222,31 @@ def test_references_without_shareable_storage_keep_the_path() -> None:
     assert path == "/refs/t/run/step-00000007"
     assert training_files("/refs/d/o", "sft") == "/refs/d/o/merged/sft-*.jsonl"
     assert training_files("/refs/d/o", "cpt") == "/refs/d/o/merged/cpt-*.jsonl"
+
+
+@pytest.mark.parametrize(("step", "checkpoint", "why"), [
+    (500, {"dir": "run1"}, "exportHfEvery: true"),
+    (250, {"dir": "run1", "exportHfEvery": True, "intervalSteps": 100}, "step 250 is never saved"),
+])
+def test_eval_model_step_the_trainjob_cannot_serve_fails(step: int, checkpoint: dict[str, Any], why: str) -> None:
+    """modelFrom.step needs a per-checkpoint export of a step that was saved: otherwise Failed with the reason."""
+    body = copy.deepcopy(BUILT[5])
+    body["spec"]["modelFrom"]["step"] = step
+    obs = Observed(now=NOW)
+    obs.refs[("TrainJob", "tj")] = _succeeded("TrainJob", "tj", {"trainer": {"maxSteps": 1000, "checkpoint": checkpoint}})
+    plan = plan_job(body, obs)
+    assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "DependencyIncompatible")
+    assert why in plan.status["message"] and not any(m["kind"] in ("Pod", "Deployment") for m in plan.ensure)
+
+
+def test_eval_model_final_and_last_step() -> None:
+    """Without step the final export (<dir>/hf) is served; maxSteps itself is a saved step even off the interval."""
+    body = copy.deepcopy(BUILT[5])
+    obs = Observed(now=NOW)
+    obs.refs[("TrainJob", "tj")] = _succeeded("TrainJob", "tj", {
+        "volumes": {"checkpoints": {"claimName": "ck"}},
+        "trainer": {"maxSteps": 1050, "checkpoint": {"dir": "run1", "exportHfEvery": True}}})
+    for step, path in ((None, "/refs/tj/run1/hf"), (1050, "/refs/tj/run1/step-00001050/hf")):
+        body["spec"]["modelFrom"]["step"] = step
+        dep = next(m for m in plan_job(body, obs).ensure if m["kind"] == "Deployment")
+        assert dep["spec"]["template"]["spec"]["containers"][0]["args"][-1] == path

@@ -158,8 +158,10 @@ class CheckpointManager:
 
     # --- save -------------------------------------------------------------------------------
     def save(self, step: int, model: nn.Module, optimizers: list[torch.optim.Optimizer],
-             extra: dict[str, Any]) -> Path:
-        """Write checkpoint ``step`` atomically and prune to keep_last; returns its directory."""
+             extra: dict[str, Any], before_commit: Callable[[Path], None] | None = None) -> Path:
+        """Write checkpoint ``step`` atomically and prune to keep_last; returns its directory.
+        ``before_commit(dir)`` runs on rank 0 after the shards are written and before the rename and the
+        manifest, so whatever it adds (a Hugging Face export) is hashed and appears atomically with them."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -179,6 +181,8 @@ class CheckpointManager:
             dcp_save(state, checkpoint_id=str(tmp), process_group=self.group)
         _barrier(self.group, active)
         if rank == 0:
+            if before_commit is not None:
+                before_commit(tmp)
             _fsync_tree(tmp)
             if final.exists():
                 shutil.rmtree(final)

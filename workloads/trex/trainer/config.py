@@ -301,6 +301,10 @@ class CheckpointConfig(TrexModel):
     """At the end of a successful run, write a Hugging Face export (DeepSeek-V3 safetensors, tokenizer, chat
     template) to <dir>/hf when the model has a DeepSeek-V3 equivalent (mla + sigmoid, hcMult 1, no hash layers);
     other shapes are skipped with a log line."""
+    export_hf_every: bool = False
+    """Also write the Hugging Face export into every saved checkpoint (<dir>/step-N/hf, covered by its
+    manifest), so an EvalJob can evaluate one step (modelFrom.step). Costs one model-sized write per
+    checkpoint; needs a shape with a DeepSeek-V3 equivalent."""
 
 
 class LoggingConfig(TrexModel):

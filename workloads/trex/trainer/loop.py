@@ -83,6 +83,14 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
             jsonl_files(cfg.data.train)
         except DataError as e:
             out.append(("data.train", str(e).removeprefix("data.train: ")))
+    if cfg.checkpoint.export_hf_every:
+        from trex.trainer.hf import check_hf_compatible
+        from trex.trainer.model import ModelArgs
+
+        try:
+            check_hf_compatible(ModelArgs.from_config(cfg.model))
+        except ValueError as e:
+            out.append(("checkpoint.exportHfEvery", f"this model has no Hugging Face export: {e}"))
     if cfg.checkpoint.init_from_hf is not None and not Path(cfg.checkpoint.init_from_hf).is_dir():
         out.append(("checkpoint.initFromHf", f"{cfg.checkpoint.init_from_hf} is not a directory"))
     p = cfg.parallelism
@@ -277,6 +285,12 @@ class Trainer:
         self.log(f"device {label}; peak {peak / 1e12:.3f} TFLOP/s ({source}); {fpt / 1e6:.2f} MFLOP/token ({convention})")
         return Telemetry(exporter, JsonlLog(jsonl_path), self.job, label, convention, fpt, peak, source)
 
+    def _export_into(self, step_dir: Path) -> None:
+        """Hugging Face export inside a checkpoint being written (before its manifest), for modelFrom.step."""
+        from trex.trainer.export import export_hf
+
+        export_hf(self.model, self.tokenizer, step_dir / "hf")
+
     # --- state --------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         """Everything besides model and optimizers that a bit-identical resume needs."""
@@ -287,7 +301,8 @@ class Trainer:
 
     def save(self) -> None:
         """Checkpoint the current step."""
-        self.ckpt.save(self.step, self.model, self.opts.all(), self.extra_state())
+        self.ckpt.save(self.step, self.model, self.opts.all(), self.extra_state(),
+                       before_commit=self._export_into if self.cfg.checkpoint.export_hf_every else None)
         self.last_checkpoint = self.step
         if self.telemetry is not None:
             e = self.telemetry.exporter
