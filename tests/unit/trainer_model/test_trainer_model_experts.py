@@ -53,6 +53,15 @@ def _loop_reference(ex: GroupedExperts, x: torch.Tensor, idx: torch.Tensor, w: t
     return out
 
 
+def _experts(d: int, i: int, n: int, std: float) -> GroupedExperts:
+    """Top-2 GroupedExperts with N(0, std) weights (from the global seed)."""
+    ex = GroupedExperts(ModelArgs(hidden_size=d, moe_intermediate_size=i, n_routed_experts=n, experts_per_token=2))
+    with torch.no_grad():
+        for p in ex.parameters():
+            p.normal_(0, std)
+    return ex
+
+
 @pytest.mark.parametrize("dims", [(16, 8), (12, 6)])  # (16, 8): grouped GEMM on CPU; (12, 6): loop path
 def test_grouped_experts_match_loop_reference(dims: tuple[int, int]) -> None:
     d, i = dims
@@ -72,11 +81,7 @@ def test_grouped_experts_match_loop_reference(dims: tuple[int, int]) -> None:
 
 def test_grouped_and_loop_paths_have_equal_gradients() -> None:
     torch.manual_seed(2)
-    args = ModelArgs(hidden_size=16, moe_intermediate_size=8, n_routed_experts=4, experts_per_token=2)
-    ex = GroupedExperts(args)
-    with torch.no_grad():
-        for p in ex.parameters():
-            p.normal_(0, 0.3)
+    ex = _experts(16, 8, 4, std=0.3)
     x = torch.randn(12, 16)
     idx = torch.stack([torch.randperm(4)[:2] for _ in range(12)])
     w = torch.rand(12, 2)
@@ -94,11 +99,7 @@ def test_grouped_experts_under_autocast_run_in_bf16() -> None:
     """Autocast does not cover the grouped GEMM; the experts cast like F.linear does: a bf16 output close to
     the float64 reference, and fp32 gradients for the fp32 parameters."""
     torch.manual_seed(4)
-    ex = GroupedExperts(ModelArgs(hidden_size=32, moe_intermediate_size=16, n_routed_experts=4,
-                                  experts_per_token=2))
-    with torch.no_grad():
-        for p in ex.parameters():
-            p.normal_(0, 0.3)
+    ex = _experts(32, 16, 4, std=0.3)
     x = torch.randn(24, 32)
     idx = torch.stack([torch.randperm(4)[:2] for _ in range(24)])
     w = torch.rand(24, 2)
