@@ -29,7 +29,9 @@ def masked_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
 
 
 CHUNK_BYTES = 4 << 20
-"""fp32 logits per row chunk of the fused head + cross-entropy (small enough to stay in cache)."""
+"""fp32 logits per row chunk of the fused head + cross-entropy on CPU (small enough to stay in cache)."""
+DEVICE_CHUNK_BYTES = 256 << 20
+"""The same on accelerators, where larger chunks keep the GEMMs big and the chunk count low."""
 GRAD_BUFFER_BYTES = 512 << 20
 """Up to this size the fused loss keeps d(loss)/d(logits) for one weight-gradient GEMM at the end;
 larger (big vocabularies x many tokens) it accumulates the weight gradient chunk by chunk instead."""
@@ -48,7 +50,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         n, vocab = h.shape[0], weight.shape[0]
         with torch.autocast(h.device.type, enabled=False):
             hc, wc = h.to(compute_dtype), weight.to(compute_dtype)
-            rows = min(n, max(64, CHUNK_BYTES // (4 * vocab)))
+            budget = CHUNK_BYTES if h.device.type == "cpu" else DEVICE_CHUNK_BYTES
+            rows = max(1, min(n, max(64, budget // (4 * vocab))))
             keep = need and n * vocab * hc.element_size() <= GRAD_BUFFER_BYTES
             g_all = hc.new_empty((n, vocab)) if keep else None
             grad_h = torch.empty_like(hc) if need else None
