@@ -5,12 +5,21 @@ same shapes and threads for every side, then prints per-kernel medians, the geom
 KernelBench's fast_1 / fast_1.5, and memory-bound kernels' achieved fraction of the measured bandwidth.
 Timings on a shared host are noisy; every figure is a median of >= 30 interleaved samples.
 
-Two bandwidth references are printed for memory-bound kernels. BW(level) divides by the machine facts'
-figure for the cache level holding the working set: a best-of-5 triad over an 8 MB set repeated hot, while
-the kernel's time is a median of single calls alternated with eager PyTorch (whose temporaries evict the
-kernel's inputs from L3), so it mixes best-of with median and hot with partly evicted data. BW(triad) is
-the like-for-like figure: the triad over the kernel's own compulsory byte count, with the same thread
-count, timed by the profiler interleaved with the tuned kernel, medians on both sides.
+Bandwidth is reported against two references, both real measured STREAM-triad bandwidths at the same thread
+count, and every side is timed the same way: a median of >= 30 samples, each sample preceded by untimed calls
+of the same side (``profile.REWARM_CALLS``), so no side is timed on a cache the other side's temporaries left
+(eager PyTorch's temporaries used to evict the kernel's inputs from L3, the triad was a hot best-of).
+
+BW(level): compulsory bytes / tuned median over the machine facts' single-thread triad curve at the kernel's
+working set, inside the cache level holding it (``DeviceFacts.bandwidth_at``; measured once per machine by
+``machine.measure`` at several sizes per level with the same rewarm-and-median protocol, interpolated in
+log-size within the level). BW(triad): the like-for-like figure, a triad over the kernel's own compulsory
+byte count timed interleaved (ABBA) with the tuned kernel by the profiler, same rewarm, medians on both
+sides. BW(DRAM) divides by the DRAM triad (values above 1 mean the data lives in a cache). The goal is
+>= 0.60 of measured bandwidth for memory-bound kernels: those whose arithmetic intensity is below the ridge
+point at the benchmark's thread count (``roofline.classify(..., threads=...)``), short ones included.
+
+The real-hardware skills comparison lives in benchmarks/kernels_skills.py.
 """
 
 from __future__ import annotations
@@ -59,7 +68,8 @@ def retime(src: Path, samples: int, threads: int) -> list[dict[str, Any]]:
                             "bandwidth_fraction": achieved_bandwidth_fraction(spec, shape, dtype, facts, bl.tuned_s,
                                                                               threads),
                             "dram_fraction": spec.bytes_moved(shape, elem_bytes(dtype)) / bl.tuned_s
-                            / facts.bandwidth_for(float("inf"), threads)})
+                            / facts.bandwidth_for(float("inf"), threads),
+                            "level_bw": facts.bandwidth_at(spec.bytes_moved(shape, elem_bytes(dtype)), threads)})
     return out
 
 
@@ -67,14 +77,15 @@ def triad_fraction(kernel: str, dtype: str, shape: dict[str, int], params: dict[
                    samples: int) -> tuple[float, float]:
     """Like-for-like bandwidth reference: the STREAM triad over the kernel's own compulsory byte count, with
     the same thread count, timed interleaved (ABBA) with the tuned kernel by the profiler, medians on both
-    sides. Returns (triad B/s, kernel's achieved fraction of it)."""
+    sides, each sample after REWARM_CALLS untimed calls of its own side. Returns (triad B/s, kernel's
+    achieved fraction of it)."""
     import cffi
     import torch
     from trex.kernels.backends.base import source_hash
     from trex.kernels.backends.cpu_c import CpuCBackend
     from trex.kernels.harness import KernelEvaluator
     from trex.kernels.machine import TRIAD_SRC
-    from trex.kernels.profile import interleaved
+    from trex.kernels.profile import REWARM_CALLS, interleaved
     from trex.kernels.suite import get
     from trex.kernels.suite.base import elem_bytes
 
@@ -93,71 +104,9 @@ def triad_fraction(kernel: str, dtype: str, shape: dict[str, int], params: dict[
     def triad() -> None:
         lib.trex_kernel(ptrs, dims, sc)
     launch = KernelEvaluator(spec, shape, dtype, be, be.facts(), samples=samples).launcher(params)
-    t = interleaved(launch, triad, samples=samples)
+    t = interleaved(launch, triad, samples=samples, rewarm=REWARM_CALLS)
     triad_bw = 12.0 * n / t.median_base
     return triad_bw, moved / t.median_cand / triad_bw
-
-
-def skills_demo(trials: int, samples: int, workdir: Path) -> None:
-    """Real-hardware version of the skills claim: search rmsnorm_fwd at shape A from the plain start
-    (skills recorded), then a related problem (rmsnorm_fwd at shape B) without and with those skills;
-    print how many trials each needed to reach search A's speedup."""
-    from trex.kernels.backends.cpu_c import CpuCBackend
-    from trex.kernels.harness import KernelEvaluator
-    from trex.kernels.roofline import classify
-    from trex.kernels.search import Budget, SearchConfig, run_search, trials_to_reach
-    from trex.kernels.skills import Context, Skill, SkillLibrary
-    from trex.kernels.suite import get
-    from trex.kernels.suite.base import shape_bucket
-    from trex.kernels.tiling import plan
-
-    be = CpuCBackend()
-    facts = be.facts()
-    spec = get("rmsnorm_fwd")
-    lib = SkillLibrary(workdir / "demo-skills.jsonl")
-
-    def flat(*_: Any) -> float:
-        return 1.0
-
-    def search(shape: dict[str, int], name: str, skills: Any, target: float | None,
-               model: bool = True) -> dict[str, Any]:
-        regime = classify(spec, shape, "fp32", facts).regime
-        pl = plan(spec, shape, "fp32", be, facts, be.predict, k=1)
-        ev = KernelEvaluator(spec, shape, "fp32", be, facts, samples=samples, predictor=be.predict if model else flat)
-
-        def rec(new: dict[str, Any], parent: dict[str, Any]) -> None:
-            p, v = new["move"]
-            lib.add([Skill(spec.name, spec.kclass, regime, shape_bucket(shape), facts.name, be.name,
-                           new["direction"], p, int(parent["params"][p]), int(v), float(new["gain"]))])
-        # one thread, like the rest of the benchmark: on a shared host a 2-thread start is dominated by scheduling
-        space = {**be.param_space(spec, shape), "THREADS": (1,), "CHUNK": (16,)}
-        root = {**be.default_params(spec, shape), "THREADS": 1, "CHUNK": 16}
-        cfg = SearchConfig(space=space, root=root,
-                           budget=Budget(trials, 600.0), plan_order=pl.param_order if model else (), skills=skills,
-                           target_speedup=target)
-        state: dict[str, Any] = run_search(workdir / f"demo-{name}.json", ev, cfg, on_accept=rec if name == "A" else None)
-        return state
-
-    a = {"rows": 512, "cols": 2048}
-    b = {"rows": 768, "cols": 2048}
-    first = search(a, "A", (), None)
-    s1 = max(n["speedup"] for n in first["nodes"])
-    ctx = Context(spec.name, spec.kclass, classify(spec, b, "fp32", facts).regime, shape_bucket(b), facts.name, be.name)
-    plain = search(b, "B-plain", (), 1e9)
-    skilled = search(b, "B-skills", lib.retrieve(ctx), 1e9)
-    best_b = max(max(n["speedup"] for n in st["nodes"]) for st in (plain, skilled))
-    goal = min(s1, 0.9 * best_b)
-    print(f"\nskills on real hardware: search A reached x{s1:.2f} over the plain start in {len(first['trials'])} trials; "
-          f"on shape B (best found x{best_b:.2f}), reaching x{goal:.2f} took {trials_to_reach(plain, goal)} trials "
-          f"without skills and {trials_to_reach(skilled, goal)} with {len(lib.retrieve(ctx))} retrieved skills "
-          f"(None = not within {trials})")
-    # the same comparison with the cost model switched off in both B searches, isolating what skills add
-    plain0 = search(b, "B-plain-nomodel", (), 1e9, model=False)
-    skilled0 = search(b, "B-skills-nomodel", lib.retrieve(ctx), 1e9, model=False)
-    best0 = max(max(n["speedup"] for n in st["nodes"]) for st in (plain0, skilled0))
-    goal0 = min(s1, 0.9 * best0)
-    print(f"without the cost model (moves in parameter-name order unless a skill applies): reaching x{goal0:.2f} took "
-          f"{trials_to_reach(plain0, goal0)} trials without skills and {trials_to_reach(skilled0, goal0)} with skills")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,18 +119,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="threads for every side (default 1: the 2 cores are shared, so a second thread mostly "
                          "measures scheduler latency; 0 = all cores)")
     ap.add_argument("--kernels", default="", help="comma-separated subset")
-    ap.add_argument("--skills-demo-trials", type=int, default=16, help="0 skips the real-hardware skills demo")
-    ap.add_argument("--only-skills-demo", action="store_true", help="run just the skills demo")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    if args.only_skills_demo:
-        skills_demo(args.skills_demo_trials, args.samples, Path(tempfile.mkdtemp(prefix="trex-skills-demo-")))
-        return 0
+    from trex.kernels.roofline import classify
+    from trex.kernels.suite import get
+
     if args.src:
+        from trex.kernels.backends.cpu_c import CpuCBackend
+
         rows = retime(Path(args.src), args.samples, args.threads)
+        facts = CpuCBackend().facts()
     else:
         from trex.config_base import load_section
         from trex.kernels.config import KernelTuneConfig
+        from trex.kernels.machine import facts_from_json
         from trex.kernels.suite import SUITE
         from trex.kernels.suite.base import elem_bytes
         from trex.kernels.tune import run
@@ -193,20 +144,28 @@ def main(argv: list[str] | None = None) -> int:
             "budget": {"trials": args.trials_per_kernel * len(names), "seconds": 3600.0, "samples": args.samples}})
         run(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         data = json.loads((out / "results.json").read_text())
-        f = data["facts"]
-        bw = f.get("level_bandwidth_1t", {}).get("DRAM", f["bandwidth"]) if args.threads == 1 else f["bandwidth"]
+        facts = facts_from_json(data["facts"])
+        bw = facts.bandwidth_for(float("inf"), args.threads)
         rows = []
         for r in data["results"]:
             spec = SUITE[r["kernel"]]
+            moved = spec.bytes_moved(r["shape"], elem_bytes(r["dtype"]))
             r["correct"] = True
-            r["dram_fraction"] = spec.bytes_moved(r["shape"], elem_bytes(r["dtype"])) / r["tuned_s"] / bw
+            r["dram_fraction"] = moved / r["tuned_s"] / bw
+            r["level_bw"] = facts.bandwidth_at(moved, int(r["params"].get("THREADS", args.threads)))
             rows.append(r)
         print(f"results in {out}", file=sys.stderr)
+    for r in rows:
+        if r["correct"]:
+            # memory-bound at the benchmark's thread count: intensity below the ridge point of that many cores
+            # (their share of the peak over the triad at the working set), whatever the whole-device label
+            roof = classify(get(r["kernel"]), r["shape"], r["dtype"], facts, threads=args.threads or facts.cores)
+            r["regime"] = "memory" if roof.intensity < roof.ridge else roof.regime
     for r in rows:
         if r["correct"] and r["regime"] == "memory":
             r["triad_bw"], r["triad_fraction"] = triad_fraction(r["kernel"], r["dtype"], r["shape"], r["params"],
                                                                 args.threads, args.samples)
-    print(f"{'kernel':18s} {'dtype':5s} {'regime':8s} {'tuned ms':>9s} {'eager ms':>9s} {'compile ms':>10s} "
+    print(f"{'kernel':18s} {'dtype':5s} {'bound':8s} {'tuned ms':>9s} {'eager ms':>9s} {'compile ms':>10s} "
           f"{'x eager':>8s} {'x compile':>9s} {'BW(level)':>9s} {'BW(DRAM)':>8s} {'BW(triad)':>9s}")
     for r in rows:
         if not r["correct"]:
@@ -227,13 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ngeomean speedup: {ge:.2f}x over eager (goal 2.0), {gc:.2f}x over torch.compile (goal 1.2)")
     print(f"fast_1 = {fast1:.2f}, fast_1.5 = {fast15:.2f} (vs eager); fast_1 vs torch.compile = {fast1c:.2f}")
     if mem:
-        print("memory-bound kernels, achieved / measured bandwidth of the level holding the working set: " +
-              ", ".join(f"{r['kernel']}/{r['dtype']} {r['bandwidth_fraction']:.2f}" for r in mem) + " (goal >= 0.60)")
+        print("memory-bound kernels, achieved / measured triad bandwidth at their working set in the level holding "
+              "it (machine facts, same threads, rewarm + medians): " +
+              ", ".join(f"{r['kernel']}/{r['dtype']} {r['bandwidth_fraction']:.2f} of {r['level_bw'] / 1e9:.0f} GB/s"
+                        for r in mem) + " (goal >= 0.60)")
         print("like for like, against a same-size, same-thread-count triad timed interleaved with the kernel "
-              "(medians): " + ", ".join(f"{r['kernel']}/{r['dtype']} {r['triad_fraction']:.2f} of "
+              "(rewarm + medians): " + ", ".join(f"{r['kernel']}/{r['dtype']} {r['triad_fraction']:.2f} of "
                                         f"{r['triad_bw'] / 1e9:.0f} GB/s" for r in mem) + " (goal >= 0.60)")
-    if args.skills_demo_trials:
-        skills_demo(args.skills_demo_trials, args.samples, Path(tempfile.mkdtemp(prefix="trex-skills-demo-")))
     print(f"wall time {time.monotonic() - t0:.0f} s; shared 2-core host: timings are noisy")
     return 0
 

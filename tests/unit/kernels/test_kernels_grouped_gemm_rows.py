@@ -24,3 +24,26 @@ def test_grouped_gemm_every_leftover_row_count(cpu_backend, order: int, mb: int,
     got = cpu_backend.compile(spec, params, "fp32")(t, shape)["y"]
     want = spec.reference({**t, "x": t["x"].double(), "w": t["w"].double()}, shape, {})["y"]
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("order", "mb", "nb", "threads"), [(3, 16, 128, 1), (3, 32, 64, 2), (2, 8, 32, 1), (0, 8, 64, 2)])
+def test_grouped_gemm_moe_skewed_and_empty_groups(cpu_backend, order: int, mb: int, nb: int, threads: int) -> None:  # type: ignore[no-untyped-def]
+    """MoE-like routing: a Zipf-skewed load (one expert with most tokens, a long tail of 1-3 token experts)
+    and several idle experts, including the first and the last, against the float64 per-token einsum."""
+    import torch
+
+    spec = SUITE["grouped_gemm"]
+    counts = [0, 97, 41, 0, 23, 11, 7, 5, 3, 2, 0, 1, 1, 2, 0]
+    shape = {"tokens": sum(counts), "experts": len(counts), "hidden": 72, "out": 100}
+    g = torch.Generator().manual_seed(11)
+    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
+    t = {"x": torch.randn(shape["tokens"], shape["hidden"], generator=g),
+         "w": torch.randn(shape["experts"], shape["hidden"], shape["out"], generator=g),
+         "offsets": offsets}
+    params = {**cpu_backend.default_params(spec, shape), "ORDER": order, "MB": mb, "NB": nb, "VEC": 16,
+              "THREADS": threads}
+    out = torch.full((shape["tokens"], shape["out"]), float("nan"))
+    cpu_backend.compile(spec, params, "fp32").bind(t, {"y": out}, shape)()
+    want = spec.reference({**t, "x": t["x"].double(), "w": t["w"].double()}, shape, {})["y"]
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-4)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trex.kernels.backends.base import Backend, Compiled, DeviceFacts, alloc_outputs
-from trex.kernels.profile import accept, ceiling_violation, interleaved
+from trex.kernels.profile import REWARM_CALLS, accept, ceiling_violation, interleaved
 from trex.kernels.roofline import predict
 from trex.kernels.search import TrialResult, params_key
 from trex.kernels.suite.base import KernelSpec, Tensors
@@ -124,7 +124,12 @@ class BaselineTimes:
 
 def baselines(ev: KernelEvaluator, params: Mapping[str, int], samples: int = 30, threads: int = 0,
               with_compile: bool = True) -> BaselineTimes:
-    """Time the tuned variant against eager PyTorch and torch.compile (compile time measured apart)."""
+    """Time the tuned variant against eager PyTorch and torch.compile (compile time measured apart).
+
+    Each timed sample follows an untimed call of the same side (``interleaved(..., rewarm=REWARM_CALLS)``): the
+    tuned kernel is not timed on inputs evicted by eager's temporaries, nor eager on a cache the kernel
+    left, and ``tuned_s`` is measured the way the machine facts' bandwidth references are.
+    """
     import torch
 
     spec, shape, inputs = ev.spec, ev.shape, ev.inputs
@@ -134,7 +139,7 @@ def baselines(ev: KernelEvaluator, params: Mapping[str, int], samples: int = 30,
         def run_eager() -> None:
             spec.eager(inputs, shape, spec.scalars)
 
-        t_e = interleaved(tuned, run_eager, samples=samples, sync=sync)
+        t_e = interleaved(tuned, run_eager, samples=samples, sync=sync, rewarm=REWARM_CALLS)
         comp_s = comp_t = None
         cci = None
         cg = None
@@ -149,7 +154,7 @@ def baselines(ev: KernelEvaluator, params: Mapping[str, int], samples: int = 30,
                 def run_compiled() -> None:
                     fn(inputs)
 
-                t_c = interleaved(tuned, run_compiled, samples=samples, sync=sync)
+                t_c = interleaved(tuned, run_compiled, samples=samples, sync=sync, rewarm=REWARM_CALLS)
                 comp_s, cg, cci = t_c.median_base, t_c.gain, (t_c.ci_low, t_c.ci_high)
             except Exception:  # torch.compile unavailable (no C++ toolchain for inductor): report eager only
                 comp_s = comp_t = None

@@ -3,6 +3,10 @@
 regime: memory-bound when arithmetic intensity is below the ridge point (peak / bandwidth of the level
 that holds the working set), compute-bound above it, overhead-bound when the roofline time is below a
 few launch overheads. ``predict`` refines the bound with the effect of each cpu-c parameter.
+
+Fraction of measured bandwidth (``achieved_bandwidth_fraction``): compulsory bytes / median kernel time,
+over the STREAM triad measured at the same working-set size in the same cache level with the same thread
+count, both timed with the same protocol (medians; every sample after untimed calls of the same side).
 """
 
 from __future__ import annotations
@@ -39,13 +43,19 @@ class Roofline:
 
 
 def classify(spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
-             overhead_s: float = 4 * FORK_JOIN_S) -> Roofline:
-    """Roofline of one problem."""
+             overhead_s: float = 4 * FORK_JOIN_S, threads: int = 0) -> Roofline:
+    """Roofline of one problem: on the whole device (``threads`` 0), or on ``threads`` cores, whose peak is
+    that share of the device's and whose bandwidth is the measured triad at the working set for that thread
+    count (``DeviceFacts.bandwidth_at``)."""
     moved = spec.bytes_moved(shape, elem_bytes(dtype))
     fl = spec.flops(shape)
-    bw = facts.bandwidth_for(moved)
-    t_mem, t_cmp = moved / bw, fl / facts.peak_flops
-    ai, ridge = fl / max(moved, 1.0), facts.peak_flops / bw
+    if threads:
+        bw = facts.bandwidth_at(moved, threads)
+        peak = facts.peak_flops * min(threads, max(1, facts.cores)) / max(1, facts.cores)
+    else:
+        bw, peak = facts.bandwidth_for(moved), facts.peak_flops
+    t_mem, t_cmp = moved / bw, fl / peak
+    ai, ridge = fl / max(moved, 1.0), peak / bw
     regime: Regime = "overhead" if max(t_mem, t_cmp) < overhead_s else ("memory" if ai < ridge else "compute")
     return Roofline(regime, ai, ridge, t_mem, t_cmp)
 
@@ -58,10 +68,19 @@ def fraction_of_roofline(spec: KernelSpec, shape: Mapping[str, int], dtype: str,
 
 def achieved_bandwidth_fraction(spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
                                 seconds: float, threads: int = 0) -> float:
-    """Compulsory bytes / time over the bandwidth of the level holding the working set (single-thread
-    figures when ``threads`` is 1)."""
+    """Achieved over measured bandwidth: compulsory bytes (``spec.bytes_moved``) / ``seconds``, over the
+    STREAM triad bandwidth measured for that working set in the level holding it, at the same thread
+    count (``DeviceFacts.bandwidth_at``: the single-thread curve when ``threads`` is 1).
+
+    Both sides are measured the same way, which is what makes the fraction meaningful: ``seconds`` is a
+    median of samples that each follow untimed calls of the kernel (``interleaved(..., rewarm=REWARM_CALLS)``),
+    and the reference is a median of triad samples that each follow untimed passes
+    (``machine.triad_bandwidth``), bytes counted the same way on both sides (reads + writes, no
+    write-allocate traffic). The curve is measured at several sizes per level because bandwidth falls with
+    the working set inside one level; between measured sizes it is interpolated in log-size, and it is never
+    taken from a neighbouring level."""
     moved = spec.bytes_moved(shape, elem_bytes(dtype))
-    return moved / seconds / facts.bandwidth_for(moved, threads)
+    return moved / seconds / facts.bandwidth_at(moved, threads)
 
 
 def predict(spec: KernelSpec, shape: Mapping[str, int], dtype: str, params: Mapping[str, int],

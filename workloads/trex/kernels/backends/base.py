@@ -8,6 +8,8 @@ which is what skills and the search talk about.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -64,6 +66,36 @@ class DeviceFacts:
         if threads == 1 and "DRAM" in self.level_bandwidth_1t:
             return self.level_bandwidth_1t["DRAM"]
         return self.bandwidth
+
+    triad_curve: dict[int, float] = field(default_factory=dict)
+    """Measured triad bandwidth (B/s) at all cores by working-set bytes, several sizes per level."""
+    triad_curve_1t: dict[int, float] = field(default_factory=dict)
+    """The same at one thread."""
+
+    def level_of(self, working_set: float) -> str:
+        """The innermost cache level holding ``working_set`` bytes, else 'DRAM'."""
+        for level, cap in self.caches.items():
+            if working_set <= cap:
+                return level
+        return "DRAM"
+
+    def bandwidth_at(self, working_set: float, threads: int = 0) -> float:
+        """Measured triad bandwidth for a ``working_set`` at ``threads`` (1 = single-thread curve): log-size
+        interpolation between the measured sizes of the level holding it, clamped to that level's
+        smallest and largest measured sizes (never borrowing a neighbouring level's speed); the per-level
+        figure (``bandwidth_for``) when no curve was measured."""
+        curve = self.triad_curve_1t if threads == 1 and self.triad_curve_1t else self.triad_curve
+        level = self.level_of(working_set)
+        pts = sorted((s, b) for s, b in curve.items() if self.level_of(s) == level)
+        if not pts:
+            return self.bandwidth_for(working_set, threads)
+        if working_set <= pts[0][0]:
+            return pts[0][1]
+        for (s0, b0), (s1, b1) in itertools.pairwise(pts):
+            if working_set <= s1:
+                f = math.log(working_set / s0) / math.log(s1 / s0)
+                return b0 + f * (b1 - b0)
+        return pts[-1][1]
 
 
 def source_hash(text: str) -> str:

@@ -1,49 +1,59 @@
 /* dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd; dw = sum_rows dy * xhat.
-   dw is reduced through per-thread partial rows (no atomics); the per-row work lives in a helper with
+   dw is reduced through per-thread partial rows (no atomics; one thread accumulates into dw itself); the per-row work lives in a helper with
    restrict pointers so the loops vectorise. d = {rows, cols}. */
 #if HAVE_AVX512 && !DTYPE_BF16 && !ACC_DOUBLE && VEC >= 16
-#define ROW_TILE 2
-/* fp32 AVX-512, two rows per tile: per row the dot product with four FMA accumulators, then one pass over
-   both rows writing dx and adding both rows' dy * xhat into the thread's dw partial row (w and the
-   partial row are loaded once per tile); masked tails. */
-static inline float row_dot(const float *restrict dyr, const float *restrict xr, const float *restrict w, int64_t C) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+#define ROW_TILE 4
+/* fp32 AVX-512, tiles of up to four rows (nr a compile-time constant at each call site). Pass 1: the
+   rows' dot products in one sweep, each w load shared by the tile's rows, two accumulators per row.
+   Pass 2: one sweep writing dx for every row and adding the rows' dy * xhat into the thread's dw partial
+   row (w and the partial row loaded once per tile, not once per row), while the next tile's rows are
+   prefetched into L2 so its first pass does not wait on L3. Masked tails. */
+static inline __attribute__((always_inline)) void tile_bwd(const int nr, const float *restrict dy,
+                                                           const float *restrict x, const float *restrict w,
+                                                           float *restrict dx, float *restrict pw,
+                                                           const float *restrict rstd, int64_t C) {
+  __m512 a0[4], a1[4], vr[4], vm[4];
+  UNROLL_N(4)
+  for (int q = 0; q < nr; ++q) { a0[q] = _mm512_setzero_ps(); a1[q] = _mm512_setzero_ps(); }
   int64_t c = 0;
-  for (; c + 64 <= C; c += 64) {
-    a0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(dyr + c), _mm512_loadu_ps(w + c)), _mm512_loadu_ps(xr + c), a0);
-    a1 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(dyr + c + 16), _mm512_loadu_ps(w + c + 16)),
-                         _mm512_loadu_ps(xr + c + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(dyr + c + 32), _mm512_loadu_ps(w + c + 32)),
-                         _mm512_loadu_ps(xr + c + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(dyr + c + 48), _mm512_loadu_ps(w + c + 48)),
-                         _mm512_loadu_ps(xr + c + 48), a3);
+  for (; c + 32 <= C; c += 32) {
+    const __m512 w0 = _mm512_loadu_ps(w + c), w1 = _mm512_loadu_ps(w + c + 16);
+    UNROLL_N(4)
+    for (int q = 0; q < nr; ++q) {
+      const float *dq = dy + q * C + c, *xq = x + q * C + c;
+      a0[q] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(dq), w0), _mm512_loadu_ps(xq), a0[q]);
+      a1[q] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(dq + 16), w1), _mm512_loadu_ps(xq + 16), a1[q]);
+    }
   }
   for (; c < C; c += 16) {
     const __mmask16 m = C - c >= 16 ? (__mmask16)0xFFFFu : tail_mask(C - c);
-    a0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, dyr + c), _mm512_maskz_loadu_ps(m, w + c)),
-                         _mm512_maskz_loadu_ps(m, xr + c), a0);
+    const __m512 w0 = _mm512_maskz_loadu_ps(m, w + c);
+    UNROLL_N(4)
+    for (int q = 0; q < nr; ++q)
+      a0[q] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, dy + q * C + c), w0),
+                              _mm512_maskz_loadu_ps(m, x + q * C + c), a0[q]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
-
-/* rows r and (when two) r + 1; `two` is a compile-time constant at each call site */
-static inline void tile_bwd(const float *restrict dy, const float *restrict x, const float *restrict w,
-                            float *restrict dx, float *restrict pw, const float *restrict rstd, int64_t C,
-                            const int two) {
-  const float rs0 = rstd[0], rs1 = two ? rstd[1] : 0.0f;
-  const __m512 vr0 = _mm512_set1_ps(rs0), vm0 = _mm512_set1_ps(row_dot(dy, x, w, C) * rs0 / (float)C);
-  const __m512 vr1 = _mm512_set1_ps(rs1), vm1 = _mm512_set1_ps(two ? row_dot(dy + C, x + C, w, C) * rs1 / (float)C : 0.0f);
-  for (int64_t c = 0; c < C; c += 16) {
+  UNROLL_N(4)
+  for (int q = 0; q < nr; ++q) {
+    vr[q] = _mm512_set1_ps(rstd[q]);
+    vm[q] = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_add_ps(a0[q], a1[q])) * rstd[q] / (float)C);
+  }
+  for (c = 0; c < C; c += 16) {
     const __mmask16 m = C - c >= 16 ? (__mmask16)0xFFFFu : tail_mask(C - c);
+    /* the next tile's rows towards L2 (a prefetch past the end of the arrays is harmless) */
+    UNROLL_N(4)
+    for (int q = 0; q < 4; ++q) {
+      _mm_prefetch((const char *)(dy + (4 + q) * C + c), _MM_HINT_T1);
+      _mm_prefetch((const char *)(x + (4 + q) * C + c), _MM_HINT_T1);
+    }
     const __m512 wv = _mm512_maskz_loadu_ps(m, w + c);
-    const __m512 xh0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + c), vr0), g0 = _mm512_maskz_loadu_ps(m, dy + c);
-    _mm512_mask_storeu_ps(dx + c, m, _mm512_mul_ps(vr0, _mm512_fnmadd_ps(xh0, vm0, _mm512_mul_ps(g0, wv))));
-    __m512 acc = _mm512_fmadd_ps(g0, xh0, _mm512_maskz_loadu_ps(m, pw + c));
-    if (two) {
-      const __m512 xh1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + C + c), vr1);
-      const __m512 g1 = _mm512_maskz_loadu_ps(m, dy + C + c);
-      _mm512_mask_storeu_ps(dx + C + c, m, _mm512_mul_ps(vr1, _mm512_fnmadd_ps(xh1, vm1, _mm512_mul_ps(g1, wv))));
-      acc = _mm512_fmadd_ps(g1, xh1, acc);
+    __m512 acc = _mm512_maskz_loadu_ps(m, pw + c);
+    UNROLL_N(4)
+    for (int q = 0; q < nr; ++q) {
+      const __m512 xh = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + q * C + c), vr[q]);
+      const __m512 g = _mm512_maskz_loadu_ps(m, dy + q * C + c);
+      _mm512_mask_storeu_ps(dx + q * C + c, m, _mm512_mul_ps(vr[q], _mm512_fnmadd_ps(xh, vm[q], _mm512_mul_ps(g, wv))));
+      acc = _mm512_fmadd_ps(g, xh, acc);
     }
     _mm512_mask_storeu_ps(pw + c, m, acc);
   }
@@ -52,8 +62,12 @@ static inline void tile_bwd(const float *restrict dy, const float *restrict x, c
 static inline void rows_bwd(const act_t *dy, const act_t *x, const act_t *w, act_t *dx, float *pw,
                             const float *rstd, int64_t t, int64_t R, int64_t C) {
   const int64_t r = t * ROW_TILE, o = r * C;
-  if (r + 1 < R) tile_bwd(dy + o, x + o, w, dx + o, pw, rstd + r, C, 1);
-  else tile_bwd(dy + o, x + o, w, dx + o, pw, rstd + r, C, 0);
+  switch (R - r >= 4 ? 4 : R - r) {
+    case 4: tile_bwd(4, dy + o, x + o, w, dx + o, pw, rstd + r, C); break;
+    case 3: tile_bwd(3, dy + o, x + o, w, dx + o, pw, rstd + r, C); break;
+    case 2: tile_bwd(2, dy + o, x + o, w, dx + o, pw, rstd + r, C); break;
+    default: tile_bwd(1, dy + o, x + o, w, dx + o, pw, rstd + r, C); break;
+  }
 }
 #else
 static inline void row_bwd(const act_t *restrict dyr, const act_t *restrict xr, const act_t *restrict w,
@@ -84,7 +98,9 @@ void trex_kernel(void **p, const int64_t *d, const double *s) {
   const int64_t R = d[0], C = d[1];
   (void)s;
   const int nt = THREADS;
-  float *part = calloc((size_t)nt * (size_t)C, sizeof(float));
+  /* one thread accumulates straight into dw; several reduce their partial rows afterwards */
+  float *part = nt > 1 ? calloc((size_t)nt * (size_t)C, sizeof(float)) : dw;
+  if (nt == 1) memset(dw, 0, (size_t)C * sizeof(float));
   DO_PRAGMA(omp parallel num_threads(THREADS) if(THREADS > 1))
   {
     int tid = 0;
@@ -95,6 +111,7 @@ void trex_kernel(void **p, const int64_t *d, const double *s) {
     DO_PRAGMA(omp for schedule(static, CHUNK))
     for (int64_t t = 0; t < (R + ROW_TILE - 1) / ROW_TILE; ++t) rows_bwd(dy, x, w, dx, pw, rstd, t, R, C);
   }
+  if (nt == 1) return;
   for (int64_t c = 0; c < C; ++c) {
     float acc = 0.0f;
     for (int t = 0; t < nt; ++t) acc += part[(size_t)t * (size_t)C + c];

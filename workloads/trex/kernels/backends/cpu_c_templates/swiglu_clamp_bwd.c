@@ -7,7 +7,7 @@ static inline void swiglu_bwd16(const float *dy, const float *g, const float *u,
   const __m512 gv = _mm512_maskz_loadu_ps(m, g), uv = _mm512_maskz_loadu_ps(m, u), dyv = _mm512_maskz_loadu_ps(m, dy);
   const __m512 nL = _mm512_sub_ps(_mm512_setzero_ps(), L), one = _mm512_set1_ps(1.0f);
   const __m512 gc = _mm512_min_ps(gv, L), uc = _mm512_min_ps(_mm512_max_ps(uv, nL), L);
-  const __m512 sg = inv1p16(exp_poly16(_mm512_sub_ps(_mm512_setzero_ps(), gc)));
+  const __m512 sg = inv1p16(expneg_poly16(gc));
   const __m512 dsilu = _mm512_mul_ps(sg, _mm512_fmadd_ps(gc, _mm512_sub_ps(one, sg), one));
   const __mmask16 gin = _mm512_cmp_ps_mask(gv, L, _CMP_LE_OQ);
   const __mmask16 uin = _mm512_cmp_ps_mask(uv, nL, _CMP_GE_OQ) & _mm512_cmp_ps_mask(uv, L, _CMP_LE_OQ);

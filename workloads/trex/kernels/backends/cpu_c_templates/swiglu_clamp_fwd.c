@@ -5,7 +5,7 @@
 static inline __m512 swiglu16(__m512 g, __m512 u, __m512 L) {
   const __m512 gc = _mm512_min_ps(g, L);
   const __m512 uc = _mm512_min_ps(_mm512_max_ps(u, _mm512_sub_ps(_mm512_setzero_ps(), L)), L);
-  const __m512 e = exp_poly16(_mm512_sub_ps(_mm512_setzero_ps(), gc));
+  const __m512 e = expneg_poly16(gc);
   return _mm512_mul_ps(_mm512_mul_ps(gc, inv1p16(e)), uc);
 }
 
