@@ -3,8 +3,22 @@ tile ends in 0..7 rows after its 8-row blocks), a column tail, against the float
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from trex.kernels.suite import SUITE
+
+
+def _problem(counts: list[int], hidden: int, out: int, seed: int) -> tuple[dict[str, int], dict[str, Any]]:
+    """Shape and inputs of a grouped GEMM whose experts hold ``counts`` tokens (x, w, cumulative offsets)."""
+    import torch
+
+    shape = {"tokens": sum(counts), "experts": len(counts), "hidden": hidden, "out": out}
+    g = torch.Generator().manual_seed(seed)
+    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
+    return shape, {"x": torch.randn(shape["tokens"], hidden, generator=g),
+                   "w": torch.randn(shape["experts"], hidden, out, generator=g), "offsets": offsets}
 
 
 @pytest.mark.parametrize(("order", "mb", "nb"), [(3, 16, 32), (3, 32, 64), (2, 16, 64)])
@@ -12,14 +26,7 @@ def test_grouped_gemm_every_leftover_row_count(cpu_backend, order: int, mb: int,
     import torch
 
     spec = SUITE["grouped_gemm"]
-    counts = list(range(18))
-    shape = {"tokens": sum(counts), "experts": len(counts), "hidden": 40, "out": 70}
-    g = torch.Generator().manual_seed(7)
-    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
-    t = {"x": torch.randn(shape["tokens"], shape["hidden"], generator=g),
-         "w": torch.randn(shape["experts"], shape["hidden"], shape["out"], generator=g),
-         "offsets": offsets}
+    shape, t = _problem(list(range(18)), hidden=40, out=70, seed=7)
     params = {**cpu_backend.default_params(spec, shape), "ORDER": order, "MB": mb, "NB": nb, "VEC": 16}
     got = cpu_backend.compile(spec, params, "fp32")(t, shape)["y"]
     want = spec.reference({**t, "x": t["x"].double(), "w": t["w"].double()}, shape, {})["y"]
@@ -33,14 +40,7 @@ def test_grouped_gemm_moe_skewed_and_empty_groups(cpu_backend, order: int, mb: i
     import torch
 
     spec = SUITE["grouped_gemm"]
-    counts = [0, 97, 41, 0, 23, 11, 7, 5, 3, 2, 0, 1, 1, 2, 0]
-    shape = {"tokens": sum(counts), "experts": len(counts), "hidden": 72, "out": 100}
-    g = torch.Generator().manual_seed(11)
-    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
-    t = {"x": torch.randn(shape["tokens"], shape["hidden"], generator=g),
-         "w": torch.randn(shape["experts"], shape["hidden"], shape["out"], generator=g),
-         "offsets": offsets}
+    shape, t = _problem([0, 97, 41, 0, 23, 11, 7, 5, 3, 2, 0, 1, 1, 2, 0], hidden=72, out=100, seed=11)
     params = {**cpu_backend.default_params(spec, shape), "ORDER": order, "MB": mb, "NB": nb, "VEC": 16,
               "THREADS": threads}
     out = torch.full((shape["tokens"], shape["out"]), float("nan"))
