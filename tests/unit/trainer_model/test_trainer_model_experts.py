@@ -110,3 +110,44 @@ def test_grouped_experts_under_autocast_run_in_bf16() -> None:
     assert (y.double() - ref).norm() < 2e-2 * ref.norm()
     y.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ex.parameters())
+
+
+def test_bucketed_rows_keep_every_row_in_its_expert_block() -> None:
+    """Padding groups to a multiple: counts become multiples, real rows keep their order inside their
+    expert's padded block, and padding rows read the extra zero row (index n_tokens)."""
+    from trex.trainer.model.moe import bucketed_rows
+
+    gen = torch.Generator().manual_seed(5)
+    counts = torch.tensor([0, 5, 32, 1, 0, 33, 7])
+    tok = torch.randint(0, 50, (int(counts.sum()),), generator=gen)
+    padded, src, keep = bucketed_rows(counts, tok, 50, 8)
+    assert padded.tolist() == [0, 8, 32, 8, 0, 40, 8]
+    assert torch.equal(src[keep], tok) and int((src == 50).sum()) == int(padded.sum() - counts.sum())
+    starts, pstarts = counts.cumsum(0) - counts, padded.cumsum(0) - padded
+    for e, n in enumerate(counts.tolist()):
+        rows = keep[int(starts[e]):int(starts[e]) + n]
+        assert rows.tolist() == list(range(int(pstarts[e]), int(pstarts[e]) + n))
+
+
+def test_bf16_experts_padded_on_cpu_match_unpadded() -> None:
+    """The padded bf16 path (CPU) equals the unpadded one, outputs and gradients."""
+    from trex.trainer.model import moe
+
+    torch.manual_seed(6)
+    ex = _experts(32, 16, 5, std=0.3).to(torch.bfloat16)
+    x = torch.randn(40, 32, dtype=torch.bfloat16)
+    idx = torch.stack([torch.randperm(5)[:2] for _ in range(40)])
+    w = torch.rand(40, 2)
+    outs = []
+    for rows in (moe.CPU_GROUP_ROWS, 1):
+        old, moe.CPU_GROUP_ROWS = moe.CPU_GROUP_ROWS, rows
+        try:
+            ex.zero_grad(set_to_none=True)
+            y = ex(x, idx, w)
+            y.float().square().sum().backward()
+            outs.append((y.detach(), [p.grad.clone() for p in ex.parameters() if p.grad is not None]))
+        finally:
+            moe.CPU_GROUP_ROWS = old
+    (ya, ga), (yb, gb) = outs
+    assert torch.equal(ya, yb)
+    assert len(ga) == len(gb) == 3 and all(torch.allclose(a.float(), b.float(), atol=1e-2) for a, b in zip(ga, gb, strict=True))
