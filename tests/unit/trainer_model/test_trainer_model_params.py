@@ -83,14 +83,14 @@ def test_flops_per_token_tiny_by_hand() -> None:
     moe_active = 8 * d + 3 * d * 32 * 1 + 2 * 3 * 32 * d
     block = attn + 2 * d + moe_active
     mtp_extra = 2 * d + 2 * d * d + d
-    n_active_non_emb = 3 * block + mtp_extra + d + vocab * d
+    n_active_non_emb = 3 * block + mtp_extra + d + 2 * vocab * d  # the head runs for the trunk and the MTP module
     t = 128
     expected = 6 * n_active_non_emb + 6 * 3 * h * (24 + 16) * (t / 2)
     assert flops_per_token(v, t) == pytest.approx(expected, rel=1e-12)
     csa = resolve_model_values("tiny", {"attention": "csa"})
     keys = min(16, t) + min(8, t / 4)
     attn_csa = attn + 24 + 32 + 4 + 32 + d * 2 * 16 + d * 2 + 32 * 16
-    n_csa = 3 * (attn_csa + 2 * d + moe_active) + mtp_extra + d + vocab * d
+    n_csa = 3 * (attn_csa + 2 * d + moe_active) + mtp_extra + d + 2 * vocab * d
     exp_csa = 6 * n_csa + 6 * 3 * h * 40 * keys + 6 * 3 * 2 * 16 * t / 8
     assert flops_per_token(csa, t) == pytest.approx(exp_csa, rel=1e-12)
 

@@ -7,7 +7,8 @@ FLOPs convention (label `FLOPS_CONVENTION`), per trained token (forward + backwa
 
 * N_active: parameters a token touches, without the input embedding (a lookup, no GEMM): every
   attention/norm/dense/shared-expert/router/mHC parameter, `experts_per_token` of the
-  `n_routed_experts` routed experts, the output head, and the MTP modules (they run in training).
+  `n_routed_experts` routed experts, the output head, and the MTP modules (they run in training). The
+  output head is shared with the MTP modules but runs once per use, so it counts 1 + mtp_depth times.
 * Attention: QK^T and AV cost 2 x H x (d_qk + d_v) multiply-adds... i.e. 2 x H x (d_qk + d_v) FLOPs per
   attended key in the forward, x3 for forward + backward; with d_qk = d_v = d this is the familiar
   12 x H x d per key. L_attn = num_layers + mtp_depth.
@@ -179,7 +180,7 @@ def flops_per_token(v: Mapping[str, Any], seq_len: int) -> float:
     attn_layers = _i(v, "num_layers") + _i(v, "mtp_depth")
     h = _i(v, "num_heads")
     dqk = _i(v, "qk_nope_head_dim") + _i(v, "qk_rope_head_dim")
-    flops = 6.0 * p.active_non_embedding
+    flops = 6.0 * (p.active_non_embedding + _i(v, "mtp_depth") * p.head)
     flops += 6.0 * attn_layers * h * (dqk + _i(v, "v_head_dim")) * attended_keys(v, seq_len)
     if v["attention"] == "csa":
         flops += (6.0 * attn_layers * _i(v, "csa_indexer_heads") * _i(v, "csa_indexer_dim")
