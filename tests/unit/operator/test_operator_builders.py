@@ -53,7 +53,8 @@ def all_children(body: dict[str, Any], defaults: ClusterDefaults | None = None) 
     return out
 
 
-def _examples() -> list[dict[str, Any]]:
+def example_bodies() -> list[dict[str, Any]]:
+    """Every document of the example manifests, with a namespace and uid as the API server would add."""
     bodies = []
     for path in EXAMPLES:
         for doc in yaml.safe_load_all(path.read_text()):
@@ -82,7 +83,7 @@ BUILT = [
 ]
 
 
-@pytest.mark.parametrize("body", _examples() + BUILT,
+@pytest.mark.parametrize("body", example_bodies() + BUILT,
                          ids=lambda b: f"{b['kind']}-{b['metadata']['name']}-{len(str(b['spec']))}")
 def test_every_child_validates_strictly(body: dict[str, Any]) -> None:
     children = all_children(body)

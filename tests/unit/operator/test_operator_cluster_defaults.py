@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from test_operator_builders import all_children
+from test_operator_builders import all_children, example_bodies
 from trex_operator.api import SchedulingSpec
 from trex_operator.defaults import ClusterDefaults
 from trex_operator.engine import plan_job
@@ -23,7 +23,6 @@ REPO = Path(__file__).resolve().parents[3]
 HELM = REPO / ".venv" / "bin" / "helm"
 K8S = "1.33"
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-EXAMPLES = sorted([*REPO.glob("examples/*.yaml"), *REPO.glob("examples/quickstart/*.yaml")])
 
 # What a cluster administrator might pass (as the chart renders it: every value a string).
 CLUSTER = {
@@ -283,17 +282,7 @@ def test_rank_table_in_the_config_directory_needs_no_extra_volume() -> None:
 # ---- every example still validates under non-default cluster settings -----------------------------
 
 
-def _examples() -> list[dict[str, Any]]:
-    bodies = []
-    for path in EXAMPLES:
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                doc["metadata"].update(namespace="ns", uid="uid-1")
-                bodies.append(doc)
-    return bodies
-
-
-@pytest.mark.parametrize("body", _examples(), ids=lambda b: f"{b['kind']}-{b['metadata']['name']}")
+@pytest.mark.parametrize("body", example_bodies(), ids=lambda b: f"{b['kind']}-{b['metadata']['name']}")
 def test_examples_validate_strictly_under_cluster_defaults(body: dict[str, Any]) -> None:
     kids = children(copy.deepcopy(body), CLUSTER)
     assert {"Pod", "Job"} & {m["kind"] for m in kids}
