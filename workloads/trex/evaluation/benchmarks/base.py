@@ -150,3 +150,12 @@ def require(record: dict[str, Any], key: str, what: str, index: int) -> Any:
     if key not in record:
         raise ValueError(f"{what}: record {index} has no field {key!r} (fields: {sorted(record)})")
     return record[key]
+
+
+def require_truth(record: dict[str, Any], key: str, what: str, index: int) -> Truth:
+    """parse_truth(record[key]); a missing or unreadable answer is a ValueError naming record and field."""
+    raw = require(record, key, what, index)
+    try:
+        return parse_truth(raw)
+    except ValueError as e:
+        raise ValueError(f"{what}: record {index} {key}: {e}") from e

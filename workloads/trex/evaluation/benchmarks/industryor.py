@@ -7,7 +7,7 @@ JSONL, one ``{"en_question", "en_answer", "difficulty"[, "id"]}`` object a line;
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, parse_truth, read_json_records, require
+from trex.evaluation.benchmarks.base import Item, read_json_records, require, require_truth
 
 REQUIRED = ("en_question", "en_answer")
 DETECT = ("en_question", "en_answer", "difficulty")
@@ -17,10 +17,7 @@ def parse(data: bytes, what: str) -> list[Item]:
     """Items keyed by id when present, else by line order; category = difficulty."""
     items: list[Item] = []
     for i, r in enumerate(read_json_records(data, what)):
-        try:
-            truth = parse_truth(require(r, "en_answer", what, i))
-        except ValueError as e:
-            raise ValueError(f"{what}: record {i} en_answer: {e}") from e
+        truth = require_truth(r, "en_answer", what, i)
         items.append(Item(
             id=str(r.get("id", i)), question=str(require(r, "en_question", what, i)), truth=truth,
             category=str(r.get("difficulty", "")),

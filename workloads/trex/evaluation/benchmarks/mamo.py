@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, parse_truth, read_json_records, require
+from trex.evaluation.benchmarks.base import Item, read_json_records, require, require_truth
 
 REQUIRED = ("Question", "Answer")
 
@@ -11,10 +11,7 @@ def parse(data: bytes, what: str) -> list[Item]:
     """Items keyed by the published id; category = Type (easy_lp / complex_lp)."""
     items: list[Item] = []
     for i, r in enumerate(read_json_records(data, what)):
-        try:
-            truth = parse_truth(require(r, "Answer", what, i))
-        except ValueError as e:
-            raise ValueError(f"{what}: record {i} Answer: {e}") from e
+        truth = require_truth(r, "Answer", what, i)
         items.append(Item(
             id=str(r.get("id", i)), question=str(require(r, "Question", what, i)), truth=truth,
             category=str(r.get("Type", "")),

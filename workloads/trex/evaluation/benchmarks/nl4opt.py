@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, parse_truth, read_json_records, require
+from trex.evaluation.benchmarks.base import Item, read_json_records, require, require_truth
 
 REQUIRED = ("en_question", "en_answer")
 
@@ -12,9 +12,6 @@ def parse(data: bytes, what: str) -> list[Item]:
     items: list[Item] = []
     for i, r in enumerate(read_json_records(data, what)):
         q = require(r, "en_question", what, i)
-        try:
-            truth = parse_truth(require(r, "en_answer", what, i))
-        except ValueError as e:
-            raise ValueError(f"{what}: record {i} en_answer: {e}") from e
+        truth = require_truth(r, "en_answer", what, i)
         items.append(Item(id=str(r.get("id", i)), question=str(q), truth=truth))
     return items

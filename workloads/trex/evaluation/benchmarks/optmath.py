@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, parse_truth, read_json_records, require
+from trex.evaluation.benchmarks.base import Item, read_json_records, require, require_truth
 
 REQUIRED = ("en_question", "en_answer", "id")
 
@@ -16,9 +16,6 @@ def parse(data: bytes, what: str) -> list[Item]:
         if item_id in seen:
             raise ValueError(f"{what}: record {i} repeats id {item_id!r}")
         seen.add(item_id)
-        try:
-            truth = parse_truth(require(r, "en_answer", what, i))
-        except ValueError as e:
-            raise ValueError(f"{what}: record {i} en_answer: {e}") from e
+        truth = require_truth(r, "en_answer", what, i)
         items.append(Item(id=item_id, question=str(require(r, "en_question", what, i)), truth=truth))
     return items

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, parse_truth, read_json_records, require
+from trex.evaluation.benchmarks.base import Item, read_json_records, require, require_truth
 
 REQUIRED = ("question", "answer")
 
@@ -15,10 +15,7 @@ def parse(data: bytes, what: str) -> list[Item]:
     """Items keyed by id (else line order); category = family."""
     items: list[Item] = []
     for i, r in enumerate(read_json_records(data, what)):
-        try:
-            truth = parse_truth(require(r, "answer", what, i))
-        except ValueError as e:
-            raise ValueError(f"{what}: record {i} answer: {e}") from e
+        truth = require_truth(r, "answer", what, i)
         items.append(Item(
             id=str(r.get("id", i)), question=str(require(r, "question", what, i)), truth=truth,
             category=str(r.get("family", "")),
