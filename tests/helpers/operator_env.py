@@ -178,3 +178,8 @@ class OperatorEnv:
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
         """Recorded Events (optionally of one reason)."""
         return [e for e in self.objects("v1/events") if reason is None or e.get("reason") == reason]
+
+
+def names(pods: list[dict[str, Any]]) -> list[str]:
+    """Object names, in the given order."""
+    return [p["metadata"]["name"] for p in pods]

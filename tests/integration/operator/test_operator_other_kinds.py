@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubelet import Kubelet
-from operator_env import OperatorEnv
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[OperatorEnv]:
-    async with OperatorEnv(interval_s=0.2) as e:
-        yield e
-
-
-def names(pods: list[dict[str, Any]]) -> list[str]:
-    return [p["metadata"]["name"] for p in pods]
+from operator_env import OperatorEnv, names
 
 
 async def wait_pods(env: OperatorEnv, job: str, n: int) -> list[str]:

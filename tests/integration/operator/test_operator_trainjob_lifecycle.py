@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from kubelet import Kubelet
-from operator_env import OperatorEnv
+from operator_env import OperatorEnv, names
 from trex.telemetry.exporter import Exporter
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[OperatorEnv]:
-    async with OperatorEnv(interval_s=0.2) as e:
-        yield e
-
-
-def names(pods: list[dict[str, Any]]) -> list[str]:
-    return [p["metadata"]["name"] for p in pods]
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, str]:
