@@ -99,13 +99,7 @@ def gurobipy_code(inst: Instance) -> str:
         ub = "GRB.INFINITY" if v.ub is None else _c(v.ub)
         out.append(f'{_ident(v.name)} = m.addVar(lb={_c(v.lb)}, ub={ub}, vtype={vt[v.vtype]}, name="{v.name}")'
                    f"  # {v.description}")
-    groups: dict[str, list[Constraint]] = defaultdict(list)
-    for c in inst.constraints:
-        groups[c.group or "constraints"].append(c)
-    for g, cs in groups.items():
-        out += ["", f"# Constraints: {g.replace('_', ' ')}"]
-        for c in cs:
-            out.append(f'm.addConstr({linear_text(c.coeffs)} {c.sense} {_c(c.rhs)}, name="{c.name}")')
+    out += _constraint_lines(inst, "m")
     sense = "GRB.MINIMIZE" if inst.objective.sense == "min" else "GRB.MAXIMIZE"
     out += ["", f"# Objective: {inst.objective.description}", f"m.setObjective({_objective_text(inst)}, {sense})", "",
             "m.optimize()",
@@ -116,6 +110,18 @@ def gurobipy_code(inst: Instance) -> str:
             '          "values": {v.VarName: v.X for v in m.getVars()} if status == "optimal" else {}}',
             f'print("{PROTOCOL_PREFIX}" + json.dumps(result))', ""]
     return "\n".join(out)
+
+
+def _constraint_lines(inst: Instance, model: str) -> list[str]:
+    """``<model>.addConstr(...)`` lines for every constraint, under one comment per constraint group."""
+    groups: dict[str, list[Constraint]] = defaultdict(list)
+    for c in inst.constraints:
+        groups[c.group or "constraints"].append(c)
+    out: list[str] = []
+    for g, cs in groups.items():
+        out += ["", f"# Constraints: {g.replace('_', ' ')}"]
+        out += [f'{model}.addConstr({linear_text(c.coeffs)} {c.sense} {_c(c.rhs)}, name="{c.name}")' for c in cs]
+    return out
 
 
 def highspy_code(inst: Instance) -> str:
@@ -131,13 +137,7 @@ def highspy_code(inst: Instance) -> str:
         else:
             call = f'h.addVariable(lb={_c(v.lb)}, ub={ub}, name="{v.name}")'
         out.append(f"{_ident(v.name)} = {call}  # {v.description}")
-    groups: dict[str, list[Constraint]] = defaultdict(list)
-    for c in inst.constraints:
-        groups[c.group or "constraints"].append(c)
-    for g, cs in groups.items():
-        out += ["", f"# Constraints: {g.replace('_', ' ')}"]
-        for c in cs:
-            out.append(f'h.addConstr({linear_text(c.coeffs)} {c.sense} {_c(c.rhs)}, name="{c.name}")')
+    out += _constraint_lines(inst, "h")
     o = inst.objective
     lin = linear_text(o.linear) if o.linear else "0"
     if o.constant:
