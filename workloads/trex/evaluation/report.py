@@ -8,7 +8,6 @@ import base64
 import html
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from trex.evaluation.runner import (
     write_json_atomic,
 )
 from trex.evaluation.scoring import CATEGORIES
+from trex.fsio import atomic_write_bytes
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:
@@ -195,21 +195,15 @@ def render_html(summary: dict[str, Any], plots: dict[str, bytes], against: dict[
             f"{imgs}</body></html>")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_reports(run_dir: str | Path, summary: dict[str, Any], against: dict[str, Any] | None = None) -> list[Path]:
     """Write summary.json, report.md, report.html and the plots into ``run_dir``; returns the paths."""
     d = Path(run_dir)
     plots = make_plots(summary, against) if summary["benchmarks"] else {}
     written = []
     for name, data in plots.items():
-        _write_atomic(d / name, data)
+        atomic_write_bytes(d / name, data)
         written.append(d / name)
     write_json_atomic(d / SUMMARY, summary)
-    _write_atomic(d / "report.md", render_markdown(summary, against).encode())
-    _write_atomic(d / "report.html", render_html(summary, plots, against).encode())
+    atomic_write_bytes(d / "report.md", render_markdown(summary, against).encode())
+    atomic_write_bytes(d / "report.html", render_html(summary, plots, against).encode())
     return [*written, d / SUMMARY, d / "report.md", d / "report.html"]

@@ -35,6 +35,7 @@ from trex.evaluation.orgeval import ORGEVAL_VERSION, equivalent_lp
 from trex.evaluation.prompts import PROMPT_VERSION, build_messages, prompt_hash
 from trex.evaluation.protocols import Protocol, get_protocol
 from trex.evaluation.scoring import CATEGORIES, Execution, aggregate, classify, syntax_check
+from trex.fsio import atomic_write_bytes
 
 log = logging.getLogger("trex.evaluation")
 
@@ -48,12 +49,7 @@ _TAIL = 2000
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temp file in the same folder, fsync, rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(data, indent=2, sort_keys=True, default=str).encode())
 
 
 def sample_key(rec: dict[str, Any]) -> tuple[str, str, int, str, str]:

@@ -6,7 +6,6 @@ untimed passes, at one thread and at all cores, several working-set sizes per le
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import subprocess
@@ -15,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trex.fsio import atomic_write_bytes
 from trex.kernels.backends.base import DeviceFacts, source_hash
 from trex.kernels.profile import steady_median
 
@@ -252,8 +252,5 @@ def measure_cached(cache_dir: str | Path, backend: CpuCBackend, refresh: bool = 
     if path.exists() and not refresh:
         return facts_from_json(json.loads(path.read_text(encoding="utf-8")))
     facts = measure(backend)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**facts_to_json(facts), "measured_at": time.time()}, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps({**facts_to_json(facts), "measured_at": time.time()}, indent=1).encode())
     return facts

@@ -11,13 +11,13 @@ checkpoint (a snapshot of the state at that moment) that ``rollback`` restores e
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trex.fsio import atomic_write_bytes
 from trex.kernels.backends.base import DIRECTION_OF, ParamSpace
 from trex.kernels.skills import Skill, move_scores
 
@@ -97,13 +97,7 @@ def params_key(p: Mapping[str, int]) -> str:
 
 
 def _atomic_write(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode())
 
 
 def new_state(cfg: SearchConfig, root_result: TrialResult) -> dict[str, Any]:

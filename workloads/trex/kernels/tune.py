@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trex.fsio import atomic_write_bytes
 from trex.kernels import registry as reg
 from trex.kernels.backends import Backend, get_backend
 from trex.kernels.backends.base import DeviceFacts
@@ -218,9 +219,7 @@ def run(cfg: KernelTuneConfig, log: Log | None = None) -> dict[str, Any]:
 def _save_results(path: Path, facts: DeviceFacts, results: list[dict[str, Any]]) -> None:
     from trex.kernels.machine import facts_to_json
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"facts": facts_to_json(facts), "results": results}, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps({"facts": facts_to_json(facts), "results": results}, indent=1).encode())
 
 
 def termination_summary(results: Sequence[Mapping[str, Any]], backend: str, facts: DeviceFacts) -> dict[str, Any]:

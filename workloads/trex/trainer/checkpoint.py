@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trex.fsio import atomic_write_bytes, fsync_dir
+
 MANIFEST = "manifest.json"
 FORMAT = "trex-dcp-1"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -57,31 +59,17 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(path: Path) -> None:
     for f in sorted(path.rglob("*")):
         if f.is_file():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-    _fsync_dir(path)
+    fsync_dir(path)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON to ``path`` via a temp file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    atomic_write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode())
 
 
 def config_hash(data: dict[str, Any]) -> str:
@@ -187,7 +175,7 @@ class CheckpointManager:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             files = {
                 str(f.relative_to(final)): {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
                 for f in sorted(final.rglob("*")) if f.is_file() and f.name != MANIFEST

@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from trex.fsio import atomic_write_bytes
+
 CHAT_TEMPLATE = (
     "{{ '<|bos|>' }}{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
@@ -32,12 +34,7 @@ def export_problem(model: Any) -> str | None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
+    atomic_write_bytes(path, json.dumps(data, indent=2).encode())
 
 
 def export_hf(model: Any, tokenizer: Any, directory: str | os.PathLike[str]) -> Path:

@@ -14,9 +14,10 @@ import json
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from trex.fsio import atomic_write_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -213,13 +214,6 @@ def from_hf_state_dict(model: DeepSeekModel, hf: dict[str, torch.Tensor]) -> dic
     return ours
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 def save_hf(model: DeepSeekModel, directory: str | os.PathLike[str], max_shard_bytes: int = 5 * 1024**3) -> Path:
     """Write config.json and safetensors shards (index file when more than one) atomically."""
     from safetensors.torch import save
@@ -239,18 +233,18 @@ def save_hf(model: DeepSeekModel, directory: str | os.PathLike[str], max_shard_b
         shards[-1][name] = t
         size += nbytes
     if len(shards) == 1:
-        _atomic_write_bytes(out / SINGLE_FILE, save(shards[0], metadata={"format": "pt"}))
+        atomic_write_bytes(out / SINGLE_FILE, save(shards[0], metadata={"format": "pt"}))
     else:
         weight_map: dict[str, str] = {}
         for i, shard in enumerate(shards):
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            _atomic_write_bytes(out / fname, save(shard, metadata={"format": "pt"}))
+            atomic_write_bytes(out / fname, save(shard, metadata={"format": "pt"}))
             weight_map.update(dict.fromkeys(shard, fname))
         index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
                  "weight_map": weight_map}
-        _atomic_write_bytes(out / INDEX_FILE, json.dumps(index, indent=2).encode())
+        atomic_write_bytes(out / INDEX_FILE, json.dumps(index, indent=2).encode())
     cfg = hf_config_from_args(model.args, dtype=dtype)
-    _atomic_write_bytes(out / CONFIG_NAME, json.dumps(cfg, indent=2).encode())
+    atomic_write_bytes(out / CONFIG_NAME, json.dumps(cfg, indent=2).encode())
     return out
 
 
