@@ -227,10 +227,11 @@ def test_every_field_is_documented_strict_and_closed() -> None:
             assert model.model_config.get("strict") is True, model.__name__
 
 
-def _train(replicas: int, devices: int, **par: int) -> dict[str, Any]:
+def _train(replicas: int, devices: int, micro: int = 16, **par: int) -> dict[str, Any]:
     return {"apiVersion": "trex.dev/v1alpha1", "kind": "TrainJob", "metadata": {"name": "t"},
             "spec": {"replicas": replicas, "devicesPerReplica": devices, "deviceType": "gpu",
-                     "trainer": {"model": {"preset": "v4-flash"}, "parallelism": par}}}
+                     "trainer": {"model": {"preset": "v4-flash"}, "parallelism": par,
+                                 "data": {"microBatchSize": micro, "globalBatchSize": 256}}}}
 
 
 @pytest.mark.parametrize(("replicas", "devices", "par", "ok"), [
@@ -244,11 +245,19 @@ def _train(replicas: int, devices: int, **par: int) -> dict[str, Any]:
     (3, 8, {"ep": 24}, False),                     # 24 divides 24 ranks but not 256 experts
     (1, 8, {"pp": 8}, True),
     (1, 16, {"tp": 16}, True),
+    (1, 8, {"tp": 8, "dpReplicate": 2}, False),    # dp = 1 is not a multiple of 2 replicate groups
+    (2, 8, {"tp": 2, "dpReplicate": 2}, True),     # HSDP: dp 8 = 2 replicate groups x 4 shards
 ])
 def test_parallel_folding_rules(replicas: int, devices: int, par: dict[str, int], ok: bool) -> None:
-    doc = _train(replicas, devices, **par)
+    doc = _train(replicas, devices, 16, **par)
     if ok:
         load_section(TrainJob, doc)
     else:
         with pytest.raises(ValueError):
             load_section(TrainJob, doc)
+
+
+def test_tp_must_divide_the_micro_batch_of_moe_layers() -> None:
+    with pytest.raises(ValueError, match=r"parallelism.tp.*microBatchSize"):
+        load_section(TrainJob, _train(1, 8, 2, tp=4))
+    load_section(TrainJob, _train(1, 8, 4, tp=4))

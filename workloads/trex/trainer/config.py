@@ -109,6 +109,12 @@ class ParallelismConfig(TrexModel):
     """Expert-parallel degree; must divide the routed expert count."""
     etp: int = Field(default=1, gt=0, le=64)
     """Expert-tensor-parallel degree (splits each expert's hidden size)."""
+    dp_replicate: int = Field(default=1, gt=0, le=65_536)
+    """Replicated data-parallel groups (HSDP): dense parameters are sharded over dp / dpReplicate ranks
+    and replicated over dpReplicate groups (1 = plain FSDP over all dp ranks)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free each block's gathered parameters after its forward and gather them again for the
+    backward (less memory, one more all-gather per block)."""
 
 
 class NewtonSchulzStage(TrexModel):
@@ -142,6 +148,10 @@ class MuonConfig(TrexModel):
     """Target update RMS: the orthogonalised update is scaled by sqrt(max(n, m)) x update_rms."""
     weight_decay: float = Field(default=0.1, ge=0)
     """Decoupled weight decay."""
+    distributed: Literal["owner", "gather"] = "owner"
+    """Newton-Schulz on sharded matrices: `owner` sends each matrix's shards to one owner rank (balanced by
+    cost) in one packed all-to-all and scatters the result back; `gather` all-gathers every matrix on every
+    rank (the reference: same result, more traffic and compute)."""
     ns_dtype: Literal["auto", "fp32", "bf16"] = "auto"
     """Compute dtype of every Newton-Schulz stage but the last, which always runs in fp32 and lands the
     singular values on 1 to fp32 accuracy (auto: bf16 where bf16 GEMMs are fast: NPUs, bf16-capable GPUs,
@@ -405,6 +415,13 @@ def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str,
     heads = int(str(m["num_heads"]))
     if heads % p.tp:
         out.append((f"{base}.tp", f"tp={p.tp} does not divide the attention head count {heads}"))
+    dp = p.dp if p.dp is not None else world_size // (p.tp * p.pp) if world_size % (p.tp * p.pp) == 0 else 0
+    if dp and dp % p.dp_replicate:
+        out.append((f"{base}.dpReplicate", f"dpReplicate={p.dp_replicate} does not divide dp={dp}"))
+    has_moe = int(str(m["num_layers"])) > int(str(m["n_dense_layers"])) or int(str(m["mtp_depth"])) > 0
+    if p.tp > 1 and has_moe and cfg.data.micro_batch_size % p.tp:
+        out.append((f"{base}.tp", f"tp={p.tp} does not divide data.microBatchSize {cfg.data.micro_batch_size} "
+                    "(MoE layers split each micro-batch's sequences over the tp ranks)"))
     layers = int(str(m["num_layers"]))
     if p.pp > layers:
         out.append((f"{base}.pp", f"pp={p.pp} exceeds the layer count {layers}"))
