@@ -51,7 +51,7 @@ def test_hc_mult_one_is_plain_residual() -> None:
     x = torch.randn(2, 8, args.hidden_size)
     ids = torch.randint(0, args.vocab_size, (2, 8))
     ctx = _ctx(2, 8, args)
-    y = block(x, ctx, ids, _Acc())
+    y = block(x, ctx, ids)[0]
     h = x + block.self_attn(block.input_layernorm(x), ctx)[0]
     ref = h + block.mlp(block.post_attention_layernorm(h), ids)[0]
     assert torch.equal(y, ref)
@@ -72,7 +72,7 @@ def test_hc_streams_with_identity_mixing_reduce_to_residual_per_stream() -> None
             hc.b_post.fill_(60.0)  # 2 sigmoid(60) = 2
     x = torch.randn(1, 6, 3, args.hidden_size)
     ctx = _ctx(1, 6, args)
-    y = block(x, ctx, torch.zeros(1, 6, dtype=torch.long), _Acc())
+    y = block(x, ctx, torch.zeros(1, 6, dtype=torch.long))[0]
     a = x + 2 * block.self_attn(block.input_layernorm(x[:, :, 0]), ctx)[0][:, :, None]
     ref = a + 2 * block.mlp(block.post_attention_layernorm(a[:, :, 0]))[:, :, None]
     assert torch.allclose(y, ref, atol=1e-5)

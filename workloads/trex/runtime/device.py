@@ -114,9 +114,11 @@ def select_device(request: str = "auto", local_rank: int = 0) -> DeviceInfo:
 
 
 def supports_dtype(kind: str, dtype: str) -> bool:
-    """Whether ``dtype`` ("fp32", "bf16", "fp16") is a sensible compute dtype on ``kind``."""
+    """Whether ``dtype`` ("fp32", "bf16", "fp16", "fp64") is a sensible compute dtype on ``kind``."""
     if dtype == "fp32":
         return True
+    if dtype == "fp64":
+        return kind == "cpu"
     if dtype == "bf16":
         if kind == "cuda":
             import torch
@@ -125,7 +127,7 @@ def supports_dtype(kind: str, dtype: str) -> bool:
         return kind in ("npu", "cpu")
     if dtype == "fp16":
         return kind in ("npu", "cuda")
-    raise ValueError(f"unknown dtype {dtype!r}; allowed: fp32, bf16, fp16")
+    raise ValueError(f"unknown dtype {dtype!r}; allowed: fp32, bf16, fp16, fp64")
 
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -156,10 +158,10 @@ def fast_bf16(kind: str) -> bool:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """torch dtype for "fp32" / "bf16" / "fp16"."""
+    """torch dtype for "fp32" / "bf16" / "fp16" / "fp64"."""
     import torch
 
-    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
     try:
         return table[name]
     except KeyError:

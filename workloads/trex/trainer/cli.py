@@ -105,7 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         write_termination_summary(summary)
         _leave(group)
         return EXIT_FAILURE
-    _leave(group)
     summary.update(
         result="Interrupted" if result.interrupted else "Succeeded", step=result.final_step,
         maxSteps=cfg.max_steps, loss=finite_or_none(result.loss), mfu=finite_or_none(result.mfu),
@@ -115,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.telemetry is not None:
         summary.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
                        flopsConvention=trainer.telemetry.convention)
-    if trainer.rank == 0 and not result.interrupted and cfg.checkpoint.export_hf:
-        summary["hfExport"] = _export(trainer)
+    if not result.interrupted and cfg.checkpoint.export_hf:
+        exported = _export(trainer)
+        if trainer.rank == 0:
+            summary["hfExport"] = exported
+    _leave(group)
     write_termination_summary(summary)
     loss_s = f"{result.loss:.4f}" if result.loss is not None else "n/a"
     mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"
@@ -126,14 +128,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export(trainer: Any) -> str | None:
-    """Hugging Face export next to the checkpoints (None, with a log line, when the shape has none)."""
+    """Hugging Face export next to the checkpoints (None, with a log line, when the shape has none); called on
+    every rank, written by rank 0."""
     from trex.trainer.export import export_hf, export_problem
 
     problem = export_problem(trainer.model)
     if problem is not None:
-        print(f"trex train: no Hugging Face export: {problem}", file=sys.stderr)
+        if trainer.rank == 0:
+            print(f"trex train: no Hugging Face export: {problem}", file=sys.stderr)
         return None
-    path = export_hf(trainer.model, trainer.tokenizer, trainer.ckpt_dir / "hf")
+    model = trainer.export_model()  # gathered from every rank's shards; rank 0 writes
+    if model is None:
+        return None
+    path = export_hf(model, trainer.tokenizer, trainer.ckpt_dir / "hf")
     print(f"trex train: Hugging Face export written to {path}", file=sys.stderr)
     return str(path)
 

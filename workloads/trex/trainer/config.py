@@ -88,8 +88,9 @@ class ModelConfig(TrexModel):
     """Preset: tiny (CPU tests), small-cpu (benchmarks), small-gpu (~1B), v4-flash, v4-pro (published shapes)."""
     overrides: ModelOverrides = Field(default_factory=ModelOverrides)
     """Per-field overrides of the preset."""
-    dtype: Literal["fp32", "bf16"] = "fp32"
-    """Parameter and compute dtype (bf16 on accelerators, fp32 on CPU)."""
+    dtype: Literal["fp32", "bf16", "fp64"] = "fp32"
+    """Parameter and compute dtype (bf16 on accelerators, fp32 on CPU; fp64 on CPU for reference runs, where
+    Muon's Newton-Schulz runs in fp64 too)."""
     autocast: Literal["off", "bf16"] = "off"
     """Mixed precision (opt-in): "bf16" runs forward and loss under torch.autocast(bfloat16) while
     parameters, gradients and optimizer states keep ``dtype``; about 30 % faster forward+backward on

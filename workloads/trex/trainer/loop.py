@@ -94,10 +94,8 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
     if cfg.checkpoint.init_from_hf is not None and not Path(cfg.checkpoint.init_from_hf).is_dir():
         out.append(("checkpoint.initFromHf", f"{cfg.checkpoint.init_from_hf} is not a directory"))
     p = cfg.parallelism
-    for name in ("tp", "pp", "ep", "etp"):
-        if getattr(p, name) != 1:
-            out.append((f"parallelism.{name}", f"{getattr(p, name)}: `trex train` runs data parallelism only; "
-                        "set 1"))
+    if p.pp != 1:
+        out.append(("parallelism.pp", f"{p.pp}: pipeline parallelism is not run by `trex train`; set 1"))
     if p.dp is not None and p.dp != dp:
         out.append(("parallelism.dp", f"{p.dp} does not match the {dp} data-parallel rank(s) of this run"))
     if cfg.optimizer.swap.enabled:
@@ -194,17 +192,26 @@ class Telemetry:
 
 
 class Trainer:
-    """Owns one run's objects. ``group`` is the data-parallel process group (None: single process)."""
+    """Owns one run's objects. ``group`` is the job's world process group (None: single process); the
+    parallel layout (trex.trainer.parallel) comes from config.parallelism and the world size."""
 
     def __init__(self, cfg: TrainerConfig, out_dir: str | Path = ".", *, group: Any = None,
                  log: Callable[[str], None] | None = None, job_name: str = "local", metrics_port: int | None = None,
                  measure_peak: bool = True) -> None:
         import torch.distributed as dist
 
+        from trex.trainer.parallel.mesh import ParallelDims, dense_coordinates
+
         self.group = group
         self.world = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
-        problems = config_problems(cfg, dp=self.world)
+        try:
+            self.dims = ParallelDims.from_config(cfg, self.world)
+        except ValueError as e:
+            field_path, _, rest = str(e).partition(": ")
+            raise ConfigProblem(field_path, rest) from None
+        self.dp_rank, self.tp_rank = dense_coordinates(self.dims, self.rank)
+        problems = config_problems(cfg, dp=self.dims.dp)
         if problems:
             raise ConfigProblem(*problems[0])
         self.cfg = cfg
@@ -220,6 +227,17 @@ class Trainer:
             raise ConfigProblem("model.dtype", f"{cfg.model.dtype} is not supported on {self.device.kind}")
         set_deterministic(cfg.deterministic, self.device.kind)
         seed_everything(cfg.seed, self.device.kind)
+        self.meshes = None
+        self.dp_group: Any = None
+        self.parallel: Any = None
+        if self.dims.parallel:
+            from trex.trainer.parallel.mesh import build_meshes
+
+            self.meshes = build_meshes(self.dims, self.device.kind)
+            self.dp_group = self.meshes.dp.get_group()
+            # Muon's exchange gets a group of its own: FSDP2 may still have reductions in flight on groups
+            # that span the same ranks.
+            self.muon_group = dist.new_group(list(range(self.world)))
         try:
             self.tokenizer, self.loader, self.format = build_data(
                 cfg.data, self.ckpt_dir.parent / "tokenizer", int(str(resolved_model_values(cfg.model)["vocab_size"])))
@@ -250,14 +268,30 @@ class Trainer:
         from trex.runtime.device import torch_dtype
         from trex.trainer.model import build_model
 
-        model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=torch_dtype(self.cfg.model.dtype),
-                            seed=self.cfg.seed)
-        opts = build_optimizers(model, dict(model.param_roles()), self.cfg.optimizer, ns_dtype=self._ns_dtype())
+        dtype = torch_dtype(self.cfg.model.dtype)
+        if self.meshes is None:
+            model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=dtype, seed=self.cfg.seed)
+            opts = build_optimizers(model, dict(model.param_roles()), self.cfg.optimizer, ns_dtype=self._ns_dtype())
+            return model, opts
+        from trex.trainer.parallel.muon import ShardedOrthogonalize
+        from trex.trainer.parallel.parallelize import parallelize
+
+        # Sharded bf16 parameters are fp32 masters; FSDP2 gathers them in the model dtype for compute.
+        master = torch.float32 if dtype == torch.bfloat16 else dtype
+        model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=master, seed=self.cfg.seed)
+        roles = dict(model.param_roles())
+        self.parallel = parallelize(model, self.dims, self.meshes, param_dtype=dtype,
+                                    reshard_after_forward=self.cfg.parallelism.reshard_after_forward)
+        opts = build_optimizers(model, roles, self.cfg.optimizer, ns_dtype=self._ns_dtype())
+        if opts.muon is not None:
+            opts.muon.orthogonalize = ShardedOrthogonalize(self.cfg.optimizer.muon.distributed, self.muon_group)
         return model, opts
 
     def _ns_dtype(self) -> torch.dtype:
         from trex.runtime.device import fast_bf16
 
+        if self.cfg.model.dtype == "fp64":
+            return torch.float64
         return resolve_ns_dtype(self.cfg.optimizer.muon.ns_dtype, fast_bf16(self.device.kind))
 
     def _anticipatory(self) -> AnticipatoryRouting:
@@ -285,11 +319,44 @@ class Trainer:
         self.log(f"device {label}; peak {peak / 1e12:.3f} TFLOP/s ({source}); {fpt / 1e6:.2f} MFLOP/token ({convention})")
         return Telemetry(exporter, JsonlLog(jsonl_path), self.job, label, convention, fpt, peak, source)
 
-    def _export_into(self, step_dir: Path) -> None:
-        """Hugging Face export inside a checkpoint being written (before its manifest), for modelFrom.step."""
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state on CPU, gathered from any layout (a collective on every rank; ranks other
+        than 0 get an empty mapping when the model is distributed)."""
+        if self.meshes is None:
+            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def export_model(self) -> nn.Module | None:
+        """A plain (undistributed) copy of the model for the Hugging Face export: the model itself in one
+        process; with a distributed model, a CPU copy on rank 0 and None elsewhere (call on every rank)."""
+        if self.meshes is None:
+            return self.model
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        from trex.runtime.device import torch_dtype
+        from trex.trainer.model import build_model
+
+        plain = build_model(self.cfg.model, device="meta", dtype=torch_dtype(self.cfg.model.dtype), seed=self.cfg.seed)
+        plain = plain.to_empty(device="cpu")
+        plain.load_state_dict(state)  # copies cast the fp32 masters to the model dtype
+        return plain
+
+    def _exporter(self) -> Callable[[Path], None] | None:
+        """The checkpoint's before-commit hook writing a Hugging Face export into it (modelFrom.step)."""
+        if not self.cfg.checkpoint.export_hf_every:
+            return None
         from trex.trainer.export import export_hf
 
-        export_hf(self.model, self.tokenizer, step_dir / "hf")
+        model = self.export_model()  # gathered on every rank before the save; only rank 0 writes
+
+        def write(step_dir: Path) -> None:
+            if model is not None:
+                export_hf(model, self.tokenizer, step_dir / "hf")
+
+        return write
 
     # --- state --------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
@@ -302,7 +369,7 @@ class Trainer:
     def save(self) -> None:
         """Checkpoint the current step."""
         self.ckpt.save(self.step, self.model, self.opts.all(), self.extra_state(),
-                       before_commit=self._export_into if self.cfg.checkpoint.export_hf_every else None)
+                       before_commit=self._exporter())
         self.last_checkpoint = self.step
         if self.telemetry is not None:
             e = self.telemetry.exporter
@@ -345,12 +412,13 @@ class Trainer:
         seq_len = seq_len_at(s, [(c.step, c.seq_len) for c in cfg.data.seq_len_curriculum], cfg.data.seq_len)
         gbatch = global_batch_at(s, [(r.step, r.global_batch_size) for r in cfg.optimizer.batch_ramp],
                                  cfg.data.global_batch_size)
-        n_micro = micro_steps(gbatch, cfg.data.micro_batch_size, self.world)
+        dp = self.dims.dp
+        n_micro = micro_steps(gbatch, cfg.data.micro_batch_size, dp)
         self.anticipatory.snapshot()
         anticipatory = self.anticipatory.prepare(s)
         model: Any = self.model
         dev = self.device.torch_device()
-        batches = [self.loader.next_batch(cfg.data.micro_batch_size, seq_len, self.rank, self.world)
+        batches = [self.loader.next_batch(cfg.data.micro_batch_size, seq_len, self.dp_rank, dp)
                    for _ in range(n_micro)]
         # Token-weighted mean over the whole global batch: micro-batch i weighs (its loss tokens) / (all of
         # them on every rank), so SFT batches with few assistant tokens do not count as much as full ones.
@@ -359,7 +427,9 @@ class Trainer:
         counts: torch.Tensor | None = None
         parts_sum: dict[str, float] = {}
         for batch_cpu, n_valid in zip(batches, valid, strict=True):
-            if n_valid == 0:
+            # In one process a micro-batch without loss tokens is skipped; across ranks it still runs (with
+            # weight 0 and its expert counts left out) because its forward and backward hold collectives.
+            if n_valid == 0 and (self.meshes is None or total_valid == 0):
                 continue
             weight = n_valid / total_valid
             batch = {k: v.to(dev) for k, v in batch_cpu.items()}
@@ -367,17 +437,24 @@ class Trainer:
                 out = model(batch["input_ids"], batch["position_ids"], batch["doc_ids"], logits=False)
                 loss, parts = compute_loss(out, batch["labels"], batch["loss_mask"], cfg.routing, s)
             torch.autograd.backward(loss * weight)
-            c = out.expert_counts.detach()
+            c = out.expert_counts.detach() * (1 if n_valid else 0)
             counts = c if counts is None else counts + c
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v * weight
         t_compute = time.perf_counter()
-        if self.group is not None:
-            self._allreduce_grads()
-            keys = sorted(parts_sum)
-            parts_sum = dict(zip(keys, self._sum_over_ranks([parts_sum[k] for k in keys]), strict=True))
+        if self.meshes is not None:
+            from trex.trainer.parallel.grads import clip_grads, sum_over_tp
+
+            sum_over_tp(self.parallel.tp_partial(), self.meshes.dense["tp"].get_group())
+            keys = sorted(set(parts_sum) | {"lm", "mtp", "balance", "indexer", "total"})
+            parts_sum = dict(zip(keys, self._sum_over_ranks([parts_sum.get(k, 0.0) for k in keys]), strict=True))
+            if counts is None:
+                counts = torch.zeros(model.args.n_moe_layers, model.args.n_routed_experts, dtype=torch.long,
+                                     device=dev)
+            grad_norm = clip_grads(self.params, cfg.optimizer.grad_clip)
+        else:
+            grad_norm = clip_grad_norm(self.params, cfg.optimizer.grad_clip)
         lm_loss = parts_sum.get("lm", float("nan")) if total_valid > 0 else float("nan")
-        grad_norm = clip_grad_norm(self.params, cfg.optimizer.grad_clip)
         skipped = not finite(lm_loss, parts_sum.get("total", lm_loss), grad_norm)
         spike = False
         self.opts.set_lr_factor(schedule_factor(cfg.optimizer, s, cfg.max_steps))
@@ -390,6 +467,10 @@ class Trainer:
             self.opts.step()
             if counts is not None and counts.numel():
                 update_expert_bias(model, counts, cfg.routing.bias_update_speed, group=self.group)
+                if self.group is not None:  # the same global counts for the load statistics
+                    import torch.distributed as dist
+
+                    dist.all_reduce(counts, group=self.group)
             if cfg.stability.enabled and self.detector.observe(s, lm_loss):
                 spike = True
                 self.spikes += 1
@@ -398,8 +479,8 @@ class Trainer:
                          f"{cfg.stability.anticipatory_window} steps (Δt={cfg.stability.anticipatory_delta})")
         self.opts.zero_grad()
         t_end = time.perf_counter()
-        tokens = cfg.data.micro_batch_size * n_micro * seq_len
-        self.tokens_seen += tokens * self.world
+        tokens = cfg.data.micro_batch_size * n_micro * seq_len * dp
+        self.tokens_seen += tokens
         self.step += 1
         return StepRecord(step=self.step, loss=lm_loss, parts=parts_sum, grad_norm=grad_norm, lr=self.opts.lr(),
                           tokens=tokens, seconds=t_end - t0, skipped=skipped, spike=spike,
@@ -413,29 +494,14 @@ class Trainer:
             return torch.autocast(dev.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _allreduce_grads(self) -> None:
-        """Sum gradients over the ranks (the loss weights already divide by the global token count)."""
-        import torch.distributed as dist
-
-        for p in self.params:  # a rank whose micro-batches had no loss tokens still joins with zeros
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
     def _sum_over_ranks(self, values: list[float]) -> list[float]:
         """Element-wise sum over the data-parallel ranks (identity in a single process)."""
-        if self.group is None:
+        if self.dp_group is None:
             return values
         import torch.distributed as dist
 
         t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.dp_group)
         return [float(v) for v in t.tolist()]
 
     # --- the run ------------------------------------------------------------------------------
@@ -482,7 +548,7 @@ class Trainer:
             if self.telemetry is not None:
                 t = self.telemetry
                 fpt = t.flops_per_token if rec.seq_len == cfg.data.seq_len else self._fpt(rec.seq_len)
-                last_mfu = fpt * rec.tokens / max(rec.seconds, 1e-9) / t.peak_flops
+                last_mfu = fpt * rec.tokens / max(rec.seconds, 1e-9) / (t.peak_flops * self.world)
                 t.record(rec, last_mfu, self.last_checkpoint)
             if self.step % cfg.checkpoint.interval_steps == 0 or self.step == total:
                 self.save()

@@ -90,7 +90,7 @@ class AnticipatoryRouting:
 
     def snapshot(self) -> None:
         """Cache the current gate weights (detached copies)."""
-        self.snapshots.append({name: g.weight.detach().clone() for name, g in self._gates()})
+        self.snapshots.append({name: _full(g.weight).detach().clone() for name, g in self._gates()})
 
     def trigger(self, step: int) -> None:
         """A spike fired at ``step``: route with old weights for steps step+1 .. step+window."""
@@ -123,3 +123,9 @@ class AnticipatoryRouting:
 def finite(*values: float) -> bool:
     """True when every value is finite (the NaN/Inf guard's decision)."""
     return all(math.isfinite(v) for v in values)
+
+
+def _full(t: Any) -> Any:
+    """The whole tensor of a (possibly sharded) parameter; a collective on every rank when it is a DTensor."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t

@@ -7,6 +7,7 @@ boolean mask.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.layers import RMSNorm, apply_rope, causal_doc_mask, rope_cos_sin
+from trex.trainer.model.layers import RMSNorm, apply_rope, causal_doc_mask, rope_cos_sin, upcast
 
 
 @dataclass
@@ -63,7 +64,7 @@ class MLAttention(nn.Module):
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         else:
             q = self.q_proj(x)
-        q = q.view(b, t, self.n_heads, self.nope + self.rope)
+        q = q.view(b, t, -1, self.nope + self.rope)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         return torch.cat([q_nope, apply_rope(q_rope, ctx.cos, ctx.sin)], dim=-1)
 
@@ -75,9 +76,9 @@ class MLAttention(nn.Module):
     def expand(self, c: torch.Tensor, k_rope_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head keys [B, S, H, nope + rope] and values [B, S, H, v] from latents."""
         b, s, _ = c.shape
-        kv = self.kv_b_proj(c).view(b, s, self.n_heads, self.nope + self.v_dim)
+        kv = self.kv_b_proj(c).view(b, s, -1, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
-        k = torch.cat([k_nope, k_rope_rot[:, :, None, :].expand(b, s, self.n_heads, self.rope)], dim=-1)
+        k = torch.cat([k_nope, k_rope_rot[:, :, None, :].expand(b, s, kv.shape[2], self.rope)], dim=-1)
         return k, v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -87,7 +88,7 @@ class MLAttention(nn.Module):
             attn_mask=mask, is_causal=mask is None, scale=self.scale,
         )
         b, t = q.shape[:2]
-        out: torch.Tensor = self.o_proj(o.transpose(1, 2).reshape(b, t, self.n_heads * self.v_dim))
+        out: torch.Tensor = self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
         return out
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,6 +148,9 @@ class CSAttention(MLAttention):
         self.indexer_q = nn.Linear(args.hidden_size, self.idx_heads * self.idx_dim, bias=False)
         self.indexer_w = nn.Linear(args.hidden_size, self.idx_heads, bias=False)
         self.indexer_k = nn.Linear(self.kv_lora_rank, self.idx_dim, bias=False)
+        self.head_mean: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Turns this module's head-mean of the attention distribution into the mean over every head when
+        the heads are split over ranks (set by the parallel layer; None: all heads are here)."""
 
     def compress(self, c: torch.Tensor, k_rope: torch.Tensor, ctx: AttnContext, doc: torch.Tensor) -> Compressed:
         """Pool each block's latents and rope keys with softmax(gate(c) + position bias) weights."""
@@ -154,7 +158,7 @@ class CSAttention(MLAttention):
         pos = ctx.position_ids
         seg = block_ids(pos, doc, self.every)
         s = int(seg.max().item()) + 1
-        logit = (self.compress_gate(c).squeeze(-1) + self.compress_pos_bias[pos % self.every]).float()
+        logit = upcast(self.compress_gate(c).squeeze(-1) + self.compress_pos_bias[pos % self.every])
         seg_max = logit.new_full((b, s), float("-inf")).scatter_reduce(1, seg, logit.detach(), "amax")
         e = torch.exp(logit - seg_max.gather(1, seg))
         den = e.new_zeros((b, s)).scatter_add(1, seg, e)
@@ -180,7 +184,7 @@ class CSAttention(MLAttention):
         ki = self.indexer_k(comp_latent)
         wi = self.indexer_w(x)
         dots = torch.einsum("bthd,bsd->bths", qi, ki) * self.idx_dim**-0.5
-        return torch.einsum("bths,bth->bts", F.relu(dots), wi).float()
+        return upcast(torch.einsum("bths,bth->bts", F.relu(dots), wi))
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (output [B, T, D], indexer KL loss scalar)."""
@@ -213,8 +217,10 @@ class CSAttention(MLAttention):
                      visible: torch.Tensor) -> torch.Tensor:
         """KL(main attention over visible compressed entries, head-mean, detached || indexer softmax)."""
         with torch.no_grad():
-            logits = torch.einsum("bthd,bshd->bhts", q, k_cmp).float() * self.scale
+            logits = upcast(torch.einsum("bthd,bshd->bhts", q, k_cmp)) * self.scale
             p = logits.masked_fill(~visible[:, None], -1e30).softmax(-1).mean(1)
+            if self.head_mean is not None:
+                p = self.head_mean(p)
         logq = masked_scores.log_softmax(-1)
         rows = visible.any(-1)
         kl = (torch.special.xlogy(p, p) - p * logq).sum(-1)

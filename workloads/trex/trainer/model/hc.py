@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trex.trainer.model.layers import upcast
+
 
 def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     """Sinkhorn-Knopp on exp(logits) [..., n, n]: alternate row and column normalisation."""
@@ -24,7 +26,7 @@ def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
+    xf = upcast(x)
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
@@ -54,12 +56,12 @@ class HyperConnection(nn.Module):
     def mappings(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, n, D] -> (H_pre [B, T, n], H_post [B, T, n], H_res [B, T, n, n]) in fp32."""
         b, t, n, d = x.shape
-        proj = self.phi(_rms(x.reshape(b, t, n * d), self.eps).to(x.dtype)).float()
+        proj = upcast(self.phi(_rms(x.reshape(b, t, n * d), self.eps).to(x.dtype)))
         p_pre, p_post, p_res = proj.split([n, n, n * n], dim=-1)
-        a = self.alpha.float()
-        h_pre = torch.sigmoid(a[0] * p_pre + self.b_pre.float())
-        h_post = 2 * torch.sigmoid(a[1] * p_post + self.b_post.float())
-        h_res = sinkhorn(a[2] * p_res.view(b, t, n, n) + self.b_res.float(), self.iters)
+        a = upcast(self.alpha)
+        h_pre = torch.sigmoid(a[0] * p_pre + upcast(self.b_pre))
+        h_post = 2 * torch.sigmoid(a[1] * p_post + upcast(self.b_post))
+        h_res = sinkhorn(a[2] * p_res.view(b, t, n, n) + upcast(self.b_res), self.iters)
         return h_pre, h_post, h_res
 
     def read(self, x: torch.Tensor, h_pre: torch.Tensor) -> torch.Tensor:
@@ -91,6 +93,6 @@ class HyperHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, n, d = x.shape
-        proj = self.phi(_rms(x.reshape(b, t, n * d), self.eps).to(x.dtype)).float()
-        w = torch.sigmoid(self.alpha.float() * proj + self.bias.float())
+        proj = upcast(self.phi(_rms(x.reshape(b, t, n * d), self.eps).to(x.dtype)))
+        w = torch.sigmoid(upcast(self.alpha) * proj + upcast(self.bias))
         return torch.einsum("btn,btnd->btd", w.to(x.dtype), x)

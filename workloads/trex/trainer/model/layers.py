@@ -7,6 +7,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local part of a tensor: a DTensor's local shard (parameters the parallel layer distributed),
+    the tensor itself otherwise."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32 for numerically sensitive steps, or unchanged when it is already fp64 (reference runs)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learned scale; computed in fp32 like DeepSeek-V3."""
 
@@ -20,7 +32,7 @@ class RMSNorm(nn.Module):
         if dtype == torch.float32 and self.weight.dtype == torch.float32:
             # one fused op, same math as the reference below (fp32 throughout)
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        h = x.float()
+        h = upcast(x)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
 
@@ -44,7 +56,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """
     if x.dim() == 4:
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    xf = x.float()
+    xf = upcast(x)
     x1, x2 = xf[..., 0::2], xf[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
     return out.to(x.dtype)

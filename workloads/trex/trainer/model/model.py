@@ -11,7 +11,7 @@ from torch import nn
 from trex.trainer.model.args import ModelArgs
 from trex.trainer.model.attention import AttnContext, build_attention
 from trex.trainer.model.hc import HyperConnection, HyperHead
-from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin
+from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin, upcast
 from trex.trainer.model.moe import Gate, GroupedExperts, MoE
 
 if TYPE_CHECKING:
@@ -55,6 +55,21 @@ class _Acc:
     counts: list[torch.Tensor] = field(default_factory=list)
     indexer: list[torch.Tensor] = field(default_factory=list)
 
+    def block(self, out: BlockOutput) -> torch.Tensor:
+        """Collect one block's auxiliary outputs; returns its hidden states."""
+        x, indexer, balance, counts = out
+        self.indexer.append(indexer)
+        if balance is not None and counts is not None:
+            self.balance.append(balance)
+            self.counts.append(counts)
+        return x
+
+
+BlockOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+"""(hidden, indexer loss, balance loss or None, expert counts or None): a block returns its auxiliary
+outputs rather than storing them aside, so everything the loss uses flows out of the block's forward
+(wrappers such as FSDP2 hook the backward of a module's outputs)."""
+
 
 class Block(nn.Module):
     """Pre-norm transformer block; residual is plain (hc_mult = 1) or mHC over hc_mult streams."""
@@ -90,17 +105,21 @@ class Block(nn.Module):
         acc.indexer.append(aux)
         return y
 
-    def forward(self, x: torch.Tensor, ctx: AttnContext, token_ids: torch.Tensor, acc: _Acc) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: AttnContext, token_ids: torch.Tensor) -> BlockOutput:
         """x: [B, T, D] (hc_mult = 1) or [B, T, n, D] streams."""
+        acc = _Acc()
         if self.hc == 1:
             x = x + self._attn(self.input_layernorm(x), ctx, acc)
-            return x + self._ffn(self.post_attention_layernorm(x), token_ids, acc)
-        pre, post, res = self.hc_attn.mappings(x)
-        y = self._attn(self.input_layernorm(self.hc_attn.read(x, pre)), ctx, acc)
-        x = self.hc_attn.write(x, y, post, res)
-        pre, post, res = self.hc_ffn.mappings(x)
-        y = self._ffn(self.post_attention_layernorm(self.hc_ffn.read(x, pre)), token_ids, acc)
-        return self.hc_ffn.write(x, y, post, res)
+            x = x + self._ffn(self.post_attention_layernorm(x), token_ids, acc)
+        else:
+            pre, post, res = self.hc_attn.mappings(x)
+            y = self._attn(self.input_layernorm(self.hc_attn.read(x, pre)), ctx, acc)
+            x = self.hc_attn.write(x, y, post, res)
+            pre, post, res = self.hc_ffn.mappings(x)
+            y = self._ffn(self.post_attention_layernorm(self.hc_ffn.read(x, pre)), token_ids, acc)
+            x = self.hc_ffn.write(x, y, post, res)
+        return (x, acc.indexer[0], acc.balance[0] if acc.balance else None,
+                acc.counts[0] if acc.counts else None)
 
 
 def _to_streams(h: torch.Tensor, n: int) -> torch.Tensor:
@@ -126,7 +145,7 @@ class MTPModule(nn.Module):
         """h: previous depth's hidden [B, T, D]; emb: embedding of the shifted tokens. Returns hidden [B, T, D]."""
         x = self.eh_proj(torch.cat([self.hnorm(h), self.enorm(emb)], dim=-1))
         n = self.block.hc
-        x = self.block(_to_streams(x, n), ctx, token_ids, acc)
+        x = acc.block(self.block(_to_streams(x, n), ctx, token_ids))
         out: torch.Tensor = self.hc_head(x) if self.hc_head is not None else x
         return out
 
@@ -193,7 +212,7 @@ class DeepSeekModel(nn.Module):
         n = self.args.hc_mult
         x = _to_streams(self.embed_tokens(input_ids), n)
         for layer in self.layers:
-            x = layer(x, ctx, input_ids, acc)
+            x = acc.block(layer(x, ctx, input_ids))
         h = self.hc_head(x) if self.hc_head is not None else x
         hidden = self.norm(h)
         mtp_hidden = []
@@ -203,14 +222,14 @@ class DeepSeekModel(nn.Module):
             shifted[:, : t - k - 1] = input_ids[:, k + 1:]
             h = mod(h, self.embed_tokens(shifted), ctx, shifted, acc)
             mtp_hidden.append(mod.norm(h))
-        zero = hidden.new_zeros((), dtype=torch.float32)
+        zero = upcast(hidden.new_zeros(()))
         return ModelOutput(
             logits=self.lm_head(hidden) if logits else None,
             mtp_logits=[self.lm_head(m) for m in mtp_hidden] if logits else [],
             balance_loss=torch.stack(acc.balance).sum() if acc.balance else zero,
             expert_counts=(torch.stack(acc.counts) if acc.counts
                            else torch.zeros(0, self.args.n_routed_experts, dtype=torch.long, device=hidden.device)),
-            indexer_loss=torch.stack(acc.indexer).float().sum() if acc.indexer else zero,
+            indexer_loss=upcast(torch.stack(acc.indexer)).sum() if acc.indexer else zero,
             doc_ids=doc_ids,
             hidden=None if logits else hidden,
             mtp_hidden=[] if logits else mtp_hidden,
@@ -277,7 +296,7 @@ def update_expert_bias(model: DeepSeekModel, expert_counts: torch.Tensor, speed:
         bias.add_((torch.sign(row.mean() - row) * speed).to(bias.device))
 
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
 def build_model(model_cfg: ModelConfig, device: torch.device | str | None = None,

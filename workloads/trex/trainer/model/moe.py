@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.layers import MLP
+from trex.trainer.model.layers import MLP, local_tensor, upcast
 
 
 def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
@@ -82,15 +84,15 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, D], token_ids [N] -> (weights [N, k], indices [N, k], scores [N, E])."""
-        scores = router_scores(F.linear(x.float(), self.weight.float()), self.scoring)
+        scores = router_scores(F.linear(upcast(x), upcast(self.weight)), self.scoring)
         with torch.no_grad():
             if self.hash_routed:
                 indices = self.tid2eid[token_ids]
             else:
                 choice = scores
                 if self.anticipatory_weight is not None:
-                    old = self.anticipatory_weight.to(device=x.device, dtype=torch.float32)
-                    choice = router_scores(F.linear(x.float(), old), self.scoring)
+                    old = self.anticipatory_weight.to(device=x.device, dtype=scores.dtype)
+                    choice = router_scores(F.linear(upcast(x), old), self.scoring)
                 indices = select_experts(choice + self.e_score_correction_bias, self.k, self.n_groups, self.topk_groups)
         w = scores.gather(1, indices)
         w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.scale
@@ -99,8 +101,8 @@ class Gate(nn.Module):
 
 def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     """torch._grouped_mm needs 16-byte aligned rows; on CUDA it runs bf16 on sm90+ (H100/H200); eager only."""
-    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
-        return False
+    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype or x.dtype not in (torch.float32, torch.bfloat16):
+        return False  # float64 (the parity references) takes the per-expert loop
     if torch.compiler.is_compiling():
         return False  # the CPU fp32 _grouped_mm kernel has no meta/fake implementation to trace
     size = x.element_size()
@@ -134,8 +136,8 @@ def grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> to
         if n:
             outs.append(x[start:start + n] @ w[e].t())
             start += n
-    if not outs:
-        return x.new_zeros((0, w.shape[1]))
+    if not outs:  # no rows: an empty product that still carries the autograd graph to x and w
+        return x[:0] @ w[0].t()
     return torch.cat(outs)
 
 
@@ -167,8 +169,17 @@ def bucketed_rows(counts: torch.Tensor, tok: torch.Tensor, n_tokens: int,
     return padded, src, keep
 
 
+Compute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""compute(rows sorted by local expert, counts per local expert) -> expert outputs for those rows."""
+Dispatch = Callable[[torch.Tensor, torch.Tensor, Compute], torch.Tensor]
+"""dispatch(rows sorted by expert, counts per expert, compute) -> outputs in the same row order."""
+
+
 class GroupedExperts(nn.Module):
-    """Routed experts stored stacked: gate_proj/up_proj [E, I, D], down_proj [E, D, I]."""
+    """Routed experts stored stacked: gate_proj/up_proj [E, I, D], down_proj [E, D, I].
+
+    ``dispatch`` (None: every expert is local) routes the expert-sorted rows to the ranks that hold
+    their experts and back; the parallel layer sets it for expert parallelism."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -178,6 +189,7 @@ class GroupedExperts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(e, i, d))
         self.up_proj = nn.Parameter(torch.empty(e, i, d))
         self.down_proj = nn.Parameter(torch.empty(e, d, i))
+        self.dispatch: Dispatch | None = None
 
     def forward(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, D], indices/weights [N, k] -> sum_k weights * expert_k(x): [N, D]."""
@@ -186,23 +198,27 @@ class GroupedExperts(nn.Module):
         order = flat.argsort(stable=True)
         tok = order // k
         counts = torch.bincount(flat, minlength=self.n_experts)
-        gate_w: torch.Tensor = self.gate_proj
-        up_w: torch.Tensor = self.up_proj
-        down_w: torch.Tensor = self.down_proj
         dt = _autocast_dtype(x)
         if dt is not None:  # autocast does not cover the grouped GEMM: cast like it casts F.linear
-            x, gate_w, up_w, down_w = x.to(dt), gate_w.to(dt), up_w.to(dt), down_w.to(dt)
-        if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) and CPU_GROUP_ROWS > 1:
-            counts, src, keep = bucketed_rows(counts, tok, x.shape[0], CPU_GROUP_ROWS)
-            xs = torch.cat([x, x.new_zeros(1, x.shape[1])])[src]  # padding rows read a zero row
-        else:
-            xs, keep = x[tok], None
+            x = x.to(dt)
+        xs = x[tok]
+        y = self.compute(xs, counts) if self.dispatch is None else self.dispatch(xs, counts, self.compute)
+        y = y * weights.reshape(-1)[order, None].to(y.dtype)
+        return x.new_zeros(x.shape).index_add(0, tok, y.to(x.dtype))
+
+    def compute(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """SwiGLU experts on rows sorted by (local) expert, ``counts[e]`` rows for local expert e."""
+        gate_w, up_w, down_w = (local_tensor(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
+        if xs.dtype != gate_w.dtype:  # under autocast: cast the weights like autocast casts F.linear's
+            gate_w, up_w, down_w = gate_w.to(xs.dtype), up_w.to(xs.dtype), down_w.to(xs.dtype)
+        keep = None
+        if xs.device.type == "cpu" and xs.dtype in (torch.bfloat16, torch.float16) and CPU_GROUP_ROWS > 1:
+            n = xs.shape[0]
+            counts, src, keep = bucketed_rows(counts, torch.arange(n, device=xs.device), n, CPU_GROUP_ROWS)
+            xs = torch.cat([xs, xs.new_zeros(1, xs.shape[1])])[src]  # padding rows read a zero row
         h = swiglu(grouped_linear(xs, gate_w, counts), grouped_linear(xs, up_w, counts), self.limit)
         y = grouped_linear(h, down_w, counts)
-        if keep is not None:
-            y = y[keep]
-        y = y * weights.reshape(-1)[order, None].to(x.dtype)
-        return x.new_zeros(x.shape).index_add(0, tok, y)
+        return y[keep] if keep is not None else y
 
 
 class MoE(nn.Module):

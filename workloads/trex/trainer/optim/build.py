@@ -103,7 +103,8 @@ def apply_hparams(opts: Optimizers, cfg: OptimizerConfig, ns_dtype: torch.dtype 
         stages = tuple((s.steps, (s.coefficients[0], s.coefficients[1], s.coefficients[2])) for s in m.newton_schulz)
         for g in opts.muon.param_groups:
             g.update(lr=m.lr, initial_lr=m.lr, momentum=m.momentum, nesterov=m.nesterov, weight_decay=m.weight_decay,
-                     update_rms=m.update_rms, stages=stages, ns_dtype=ns_dtype, final_dtype=torch.float32)
+                     update_rms=m.update_rms, stages=stages, ns_dtype=ns_dtype,
+                     final_dtype=torch.float64 if ns_dtype == torch.float64 else torch.float32)
     if opts.adamw is not None:
         for g in opts.adamw.param_groups:
             g.update(lr=a.lr, initial_lr=a.lr, betas=(a.betas[0], a.betas[1]), eps=a.eps, weight_decay=a.weight_decay)

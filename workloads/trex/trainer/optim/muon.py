@@ -14,6 +14,8 @@ from typing import Any, overload
 import torch
 from torch import Tensor
 
+from trex.trainer.model.layers import local_tensor
+
 Stage = tuple[int, tuple[float, float, float]]
 """(iterations, (a, b, c)) of X <- aX + b(XX^T)X + c(XX^T)^2 X."""
 
@@ -108,7 +110,8 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float = 2e-2,
                  momentum: float = 0.95, nesterov: bool = True, weight_decay: float = 0.1,
                  update_rms: float = 0.18, stages: Sequence[Stage] = DEFAULT_STAGES, eps: float = 1e-7,
-                 ns_dtype: torch.dtype = torch.float32, final_dtype: torch.dtype | None = None) -> None:
+                 ns_dtype: torch.dtype = torch.float32, final_dtype: torch.dtype | None = None,
+                 orthogonalize: Orthogonalize | None = None) -> None:
         if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0 or update_rms <= 0:
             raise ValueError(f"invalid Muon hyper-parameters lr={lr} momentum={momentum} "
                              f"weight_decay={weight_decay} update_rms={update_rms}")
@@ -116,6 +119,9 @@ class Muon(torch.optim.Optimizer):
                         update_rms=update_rms, stages=tuple((int(s), tuple(c)) for s, c in stages), eps=eps,
                         ns_dtype=ns_dtype, final_dtype=final_dtype)
         super().__init__(params, defaults)
+        self.orthogonalize: Orthogonalize = orthogonalize or orthogonalize_local
+        """How updates become orthogonal: whole local matrices here; the parallel layer installs one that
+        gathers sharded matrices (trex.trainer.parallel.muon)."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim not in (2, 3):
@@ -143,33 +149,54 @@ class Muon(torch.optim.Optimizer):
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
-        grads = [p.grad for p in params if p.grad is not None]
-        for p, g in zip(params, grads, strict=True):
+        for p in params:
             if "momentum_buffer" not in self.state[p]:
-                self.state[p]["momentum_buffer"] = torch.zeros_like(g)
-        bufs = [self.state[p]["momentum_buffer"] for p in params]
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)  # type: ignore[arg-type]
+        # Arithmetic on the rank-local shards (the whole tensors in one process); the state stays a DTensor
+        # where the parameter is one, so checkpoints reshard.
+        local = [local_tensor(p) for p in params]
+        grads = [local_tensor(p.grad) for p in params if p.grad is not None]
+        bufs = [local_tensor(self.state[p]["momentum_buffer"]) for p in params]
         # Momentum and the Nesterov look-ahead as multi-tensor ops (one kernel launch per list, not per parameter).
         torch._foreach_lerp_(bufs, grads, 1 - mom)
         updates = torch._foreach_lerp(grads, bufs, mom) if group["nesterov"] else bufs
-        # Bucket updates by (short, long) side, tall matrices transposed to wide (the Newton-Schulz map
-        # commutes with transposition), so each bucket is one newton_schulz call.
-        buckets: dict[tuple[int, int], list[tuple[Tensor, Tensor, bool]]] = {}
-        for p, u in zip(params, updates, strict=True):
-            n, m = p.shape[-2], p.shape[-1]
-            tall = n > m
-            buckets.setdefault((min(n, m), max(n, m)), []).append((p, u.mT if tall else u, tall))
         if wd:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        for (n, m), items in buckets.items():
-            mats = [u.reshape(-1, n, m) for _, u, _ in items]
-            stacked = torch.cat(mats) if len(mats) > 1 else mats[0]
-            ortho = newton_schulz(stacked, group["stages"], eps=group["eps"], dtype=group["ns_dtype"],
-                                  final_dtype=group.get("final_dtype"))
-            scale = update_scale((n, m), group["update_rms"])
-            offset = 0
-            for p, _, tall in items:
-                count = p.numel() // (n * m)
-                o = ortho[offset:offset + count]
-                offset += count
-                o = (o.mT if tall else o).reshape(p.shape)
-                p.add_(o.to(p.dtype), alpha=-lr * scale)
+            torch._foreach_mul_(local, 1 - lr * wd)
+
+        def ns(x: Tensor) -> Tensor:
+            return newton_schulz(x, group["stages"], eps=group["eps"], dtype=group["ns_dtype"],
+                                 final_dtype=group.get("final_dtype"))
+
+        ortho = self.orthogonalize(params, list(updates), ns)
+        for p, lp, o in zip(params, local, ortho, strict=True):
+            lp.add_(o.to(lp.dtype), alpha=-lr * update_scale(p.shape, group["update_rms"]))
+
+
+Orthogonalize = Callable[[Sequence[Tensor], list[Tensor], Callable[[Tensor], Tensor]], list[Tensor]]
+"""(parameters, their rank-local updates, newton_schulz) -> the rank-local orthogonalised updates."""
+
+
+def orthogonalize_local(_params: Sequence[Tensor], updates: list[Tensor], ns: Callable[[Tensor], Tensor]) -> list[Tensor]:
+    """Every update is a whole matrix (or expert stack) here: orthogonalise them all in few batched calls."""
+    return orthogonalize_batched(updates, ns)
+
+
+def orthogonalize_batched(mats: Sequence[Tensor], ns: Callable[[Tensor], Tensor]) -> list[Tensor]:
+    """ns of each 2-D matrix / 3-D stack of matrices, bucketed by (short, long) side with tall matrices
+    transposed to wide (the Newton-Schulz map commutes with transposition), so each bucket is one call."""
+    buckets: dict[tuple[int, int], list[tuple[int, Tensor, bool]]] = {}
+    for i, u in enumerate(mats):
+        n, m = u.shape[-2], u.shape[-1]
+        tall = n > m
+        buckets.setdefault((min(n, m), max(n, m)), []).append((i, u.mT if tall else u, tall))
+    out: list[Tensor] = [mats[0]] * len(mats)
+    for (n, m), items in buckets.items():
+        flat = [u.reshape(-1, n, m) for _, u, _ in items]
+        stacked = torch.cat(flat) if len(flat) > 1 else flat[0]
+        ortho = ns(stacked) if stacked.shape[0] else stacked
+        offset = 0
+        for (i, _, tall), f in zip(items, flat, strict=True):
+            o = ortho[offset:offset + f.shape[0]]
+            offset += f.shape[0]
+            out[i] = (o.mT if tall else o).reshape(mats[i].shape)
+    return out

@@ -1,0 +1,195 @@
+"""Apply the parallel layout to a DeepSeekModel: tensor parallelism, expert (and expert-tensor) parallelism,
+then FSDP2. The model code knows none of this; everything here is torch.distributed's own machinery
+(parallelize_module, distribute_tensor, fully_shard, DTensor redistribution) plus the token dispatcher.
+
+What runs where (see docs/ARCHITECTURE.md, "Parallel trainer"):
+- attention: heads split over tp (q/kv_b column-parallel, o row-parallel); the latent projections, norms,
+  the CSA compressor and indexer are replicated over tp (the indexer's head-mean target is averaged over tp);
+- dense FFNs: gate/up column-parallel, down row-parallel;
+- MoE layers: each tp rank takes 1/tp of the micro-batch's sequences (the inputs are replicated over tp),
+  so inside an MoE layer every rank of the world holds different tokens; the outputs are all-gathered back
+  and the sequence-balance loss averaged over tp;
+- routed experts: split over ep (expert dim) and etp (hidden dim) as DTensors on the MoE view, dispatched by
+  ExpertDispatch, then FSDP2 over edp;
+- router and shared experts: FSDP2 over dp_shard x tp; everything else FSDP2 over dp_shard (HSDP with
+  dp_replicate). Gradients are summed (the loop's loss weights already divide by the global token count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trex.trainer.model.attention import CSAttention, MLAttention
+from trex.trainer.model.layers import MLP
+from trex.trainer.model.model import Block, DeepSeekModel, MTPModule
+from trex.trainer.model.moe import MoE
+from trex.trainer.parallel.expert import ExpertDispatch
+from trex.trainer.parallel.mesh import Meshes, ParallelDims
+
+
+@dataclass
+class Parallelized:
+    """What the loop needs to know about the distributed model."""
+
+    tp_partial_modules: list[nn.Module] = field(default_factory=list)
+    """Modules whose ``weight`` is replicated over tp while each tp rank sees only part of its gradient."""
+    dispatchers: list[ExpertDispatch] = field(default_factory=list)
+
+    def tp_partial(self) -> list[torch.Tensor]:
+        """Those weights as the module holds them now (FSDP2 swaps in sharded parameters)."""
+        return [mod.weight for mod in self.tp_partial_modules]
+
+
+def blocks(model: DeepSeekModel) -> list[Block]:
+    """Every transformer block: the trunk's, then each MTP module's."""
+    out = [b for b in model.layers if isinstance(b, Block)]
+    out += [m.block for m in model.mtp if isinstance(m, MTPModule)]
+    return out
+
+
+def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, param_dtype: torch.dtype,
+                reshard_after_forward: bool = True) -> Parallelized:
+    """Distribute ``model`` in place (it must hold the same full weights on every rank)."""
+    info = Parallelized()
+    if dims.tp > 1:
+        apply_tensor_parallel(model, dims, meshes, info)
+    if dims.ep * dims.etp > 1:
+        apply_expert_parallel(model, dims, meshes, info)
+    apply_fsdp(model, dims, meshes, param_dtype, reshard_after_forward)
+    return info
+
+
+# --- tensor parallelism ------------------------------------------------------------------------------
+def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, info: Parallelized) -> None:
+    """Heads of every attention and the hidden dim of every dense FFN over tp; MoE layers split the batch."""
+    import torch.distributed as dist
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp_mesh = meshes.dense["tp"]
+    tp_group = tp_mesh.get_group()
+    for block in blocks(model):
+        attn = block.self_attn
+        assert isinstance(attn, MLAttention)
+        q = "q_b_proj" if attn.q_lora_rank > 0 else "q_proj"
+        parallelize_module(attn, tp_mesh, {q: ColwiseParallel(), "kv_b_proj": ColwiseParallel(),
+                                           "o_proj": RowwiseParallel()})
+        share_rope_key(attn, tp_mesh)
+        if isinstance(attn, CSAttention):
+            def head_mean(p: torch.Tensor, group: Any = tp_group, n: int = dims.tp) -> torch.Tensor:
+                p = p.clone()
+                dist.all_reduce(p, group=group)
+                return p / n
+
+            attn.head_mean = head_mean
+            info.tp_partial_modules.append(attn.q_norm)  # per-head norm: each rank sees its heads only
+        if isinstance(block.mlp, MLP):
+            parallelize_module(block.mlp, tp_mesh, {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(),
+                                                    "down_proj": RowwiseParallel()})
+        else:
+            split_moe_batch(block.mlp, tp_mesh, dims.tp)
+
+
+def share_rope_key(attn: MLAttention, tp_mesh: Any) -> None:
+    """The rotary key is one vector shared by every head: under tp each rank's heads give only part of its
+    gradient, so where it meets the per-head keys it passes an identity whose backward sums over tp (the
+    latent part needs nothing: kv_b_proj's column-parallel input already sums its gradient)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    per_head = attn.expand
+
+    def expand(c: torch.Tensor, k_rope_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shared = DTensor.from_local(k_rope_rot, tp_mesh, [Replicate()], run_check=False).to_local(
+            grad_placements=[Partial()])
+        return per_head(c, shared)
+
+    attn.expand = expand  # type: ignore[method-assign]
+
+
+def split_moe_batch(moe: MoE, tp_mesh: Any, tp: int) -> None:
+    """Inputs arrive replicated over tp: each tp rank runs the MoE layer on its 1/tp of the sequences
+    (forward: slice, backward: all-gather) and the outputs are all-gathered (backward: slice). The balance
+    loss (a mean over sequences) becomes the mean over all ranks' sequences: forward all-reduce of each
+    rank's share, backward identity, so every rank's router gets exactly its sequences' gradient."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    rank = tp_mesh.get_local_rank()
+
+    def pre(_mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x, token_ids = args
+        x_local = DTensor.from_local(x, tp_mesh, [Replicate()], run_check=False).redistribute(
+            tp_mesh, [Shard(0)]).to_local()
+        return x_local, token_ids.chunk(tp, dim=0)[rank]
+
+    def post(_mod: nn.Module, _args: tuple[Any, ...], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        y, balance, counts = out
+        y_full = DTensor.from_local(y, tp_mesh, [Shard(0)], run_check=False).redistribute(
+            tp_mesh, [Replicate()]).to_local()
+        bal = DTensor.from_local(balance / tp, tp_mesh, [Partial()], run_check=False).redistribute(
+            tp_mesh, [Replicate()]).to_local()
+        return y_full, bal, counts
+
+    moe.register_forward_pre_hook(pre)
+    moe.register_forward_hook(post)
+
+
+# --- expert parallelism ------------------------------------------------------------------------------
+def apply_expert_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, info: Parallelized) -> None:
+    """Routed experts as DTensors: Shard(0) (experts) over ep, the hidden dim over etp; token dispatch."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    names = [n for n, size in (("ep", dims.ep), ("etp", dims.etp)) if size > 1]
+    mesh = meshes.moe[tuple(names)] if len(names) > 1 else meshes.moe[names[0]]
+    ep_group = meshes.moe["ep"].get_group()
+    etp_group = meshes.moe["etp"].get_group()
+    for block in blocks(model):
+        if not isinstance(block.mlp, MoE):
+            continue
+        experts = block.mlp.experts
+        for pname, hidden_dim in (("gate_proj", 1), ("up_proj", 1), ("down_proj", 2)):
+            placements = [Shard(0) if n == "ep" else Shard(hidden_dim) for n in names]
+            full = getattr(experts, pname).data
+            setattr(experts, pname, nn.Parameter(distribute_tensor(full, mesh, placements, src_data_rank=None)))
+        experts.dispatch = d = ExpertDispatch(experts.n_experts, dims.ep, dims.etp, ep_group, etp_group)
+        info.dispatchers.append(d)
+
+
+# --- FSDP2 -------------------------------------------------------------------------------------------
+def apply_fsdp(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, param_dtype: torch.dtype,
+               reshard_after_forward: bool) -> None:
+    """fully_shard bottom-up: experts over edp, router and shared experts over dp_shard x tp, each block over
+    dp_shard (HSDP with dp_replicate), the root (embedding, head, norms, MTP projections) last."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype,
+                              reduce_dtype=torch.float32 if param_dtype == torch.bfloat16 else None)
+    dense = meshes.fsdp_dense(dims)
+    moe_dense = meshes.fsdp_moe_dense(dims)
+    edp = meshes.moe["edp"]
+    sharded: list[nn.Module] = []
+    alone: set[nn.Parameter] = set()  # held by exactly one rank each (experts with edp = 1): no FSDP
+
+    def shard(mod: nn.Module, mesh: Any, reshard: bool = reshard_after_forward) -> None:
+        if mesh.size() > 1:
+            fully_shard(mod, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, ignored_params=alone or None)
+            sharded.append(mod)
+
+    for block in blocks(model):
+        if isinstance(block.mlp, MoE):
+            if edp.size() > 1:
+                shard(block.mlp.experts, edp)
+            else:
+                alone.update(block.mlp.experts.parameters())
+            shard(block.mlp.gate, moe_dense)
+            if block.mlp.shared_experts is not None:
+                shard(block.mlp.shared_experts, moe_dense)
+        shard(block, dense)
+    # The root holds the embedding, head, final norms and each MTP module's projection and norms (the root
+    # forward calls an MTP module's final norm itself); they stay gathered until the fused loss has used them.
+    shard(model, dense, reshard=False)
+    for mod in sharded:
+        assert isinstance(mod, FSDPModule)
+        mod.set_gradient_divide_factor(1.0)
