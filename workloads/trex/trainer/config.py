@@ -45,6 +45,16 @@ class ModelOverrides(TrexModel):
     """csa: heads of the lightning indexer that scores compressed entries."""
     csa_indexer_dim: int | None = Field(default=None, gt=0, le=4096)
     """csa: per-head dimension of the lightning indexer."""
+    hca_compress_every: int | None = Field(default=None, gt=0)
+    """csa: one heavily compressed KV entry every m' tokens in hca layers."""
+    layer_types: list[Literal["sliding", "csa", "hca"]] | None = None
+    """csa: attention kind per layer (trunk, then optionally MTP blocks); unset = the released schedule."""
+    o_groups: int | None = Field(default=None, gt=0)
+    """csa: head groups of the grouped low-rank output projection."""
+    o_lora_rank: int | None = Field(default=None, gt=0)
+    """csa: per-group width of the grouped output projection."""
+    compress_rope_theta: float | None = Field(default=None, gt=0)
+    """csa: rotary base of csa/hca layers and their compressed entries (sliding layers use rope_theta)."""
     intermediate_size: int | None = Field(default=None, gt=0)
     """Dense FFN hidden size (first dense layers)."""
     moe_intermediate_size: int | None = Field(default=None, gt=0)
@@ -65,6 +75,8 @@ class ModelOverrides(TrexModel):
     """Groups a token may route into when group-limited routing is on."""
     routed_scaling_factor: float | None = Field(default=None, gt=0)
     """Scale applied to the renormalised routing weights."""
+    norm_topk_prob: bool | None = None
+    """Renormalise the chosen experts' scores to sum to 1 before scaling (V3/V4 releases: true)."""
     n_hash_layers: int | None = Field(default=None, ge=0)
     """Leading MoE layers routed by a fixed token-id hash table (V4)."""
     swiglu_limit: float | None = Field(default=None, ge=0)
@@ -73,12 +85,16 @@ class ModelOverrides(TrexModel):
     """mHC residual streams (1 = plain residual)."""
     sinkhorn_iters: int | None = Field(default=None, gt=0, le=100)
     """Sinkhorn iterations normalising the mHC mixing matrix."""
+    hc_eps: float | None = Field(default=None, gt=0)
+    """mHC numerical floor added to the pre/mixing weights and the Sinkhorn denominators."""
     mtp_depth: int | None = Field(default=None, ge=0, le=8)
     """Multi-token-prediction heads."""
     max_seq_len: int | None = Field(default=None, gt=0)
     """Longest sequence the rotary tables are built for (tokens)."""
     rope_theta: float | None = Field(default=None, gt=0)
     """Rotary base frequency."""
+    rope_interleave: bool | None = None
+    """mla: rotate interleaved pairs (DeepSeek's layout, true) or the two halves (HF rope_interleave false)."""
 
 
 class ModelConfig(TrexModel):
@@ -90,6 +106,10 @@ class ModelConfig(TrexModel):
     """Per-field overrides of the preset."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Parameter and compute dtype (bf16 on accelerators, fp32 on CPU)."""
+    qat: Literal["none", "fp4-experts"] = "none"
+    """Quantization-aware training: "fp4-experts" runs routed experts and the csa indexer's query/key
+    path through FP4 (e2m1, 1x32 blocks) -> FP8 (e4m3) -> matmul with straight-through gradients, as
+    DeepSeek-V4 trains them; the fp32 master weights stay unquantized."""
     autocast: Literal["off", "bf16"] = "off"
     """Mixed precision (opt-in): "bf16" runs forward and loss under torch.autocast(bfloat16) while
     parameters, gradients and optimizer states keep ``dtype``; about 30 % faster forward+backward on

@@ -8,6 +8,14 @@ from typing import Any, Literal
 
 from trex.trainer.config import ModelConfig, resolved_model_values
 
+LayerKind = Literal["sliding", "csa", "hca"]
+LAYER_KINDS: tuple[str, ...] = ("sliding", "csa", "hca")
+
+
+def default_layer_types(n: int) -> list[str]:
+    """The released DeepSeek-V4 schedule: two hca layers, then hca / csa alternating."""
+    return ["hca"] * min(n, 2) + ["csa" if i % 2 else "hca" for i in range(max(n - 2, 0))]
+
 
 @dataclass
 class ModelArgs:
@@ -28,6 +36,13 @@ class ModelArgs:
     csa_window: int = 16
     csa_indexer_heads: int = 2
     csa_indexer_dim: int = 16
+    hca_compress_every: int = 128
+    layer_types: list[str] | None = None
+    """csa: attention kind per layer (sliding, csa, hca), trunk then MTP blocks; None = the released
+    schedule (default_layer_types) with sliding MTP blocks."""
+    o_groups: int = 2
+    o_lora_rank: int = 16
+    compress_rope_theta: float = 160000.0
     intermediate_size: int = 128
     moe_intermediate_size: int = 32
     n_dense_layers: int = 0
@@ -38,15 +53,19 @@ class ModelArgs:
     n_groups: int = 1
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
     n_hash_layers: int = 0
     swiglu_limit: float = 10.0
     hc_mult: int = 1
     sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
     mtp_depth: int = 1
     max_seq_len: int = 1024
     rope_theta: float = 10000.0
+    rope_interleave: bool = True
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    qat: Literal["none", "fp4-experts"] = "none"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -57,12 +76,27 @@ class ModelArgs:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     @property
+    def head_dim(self) -> int:
+        """csa: width of the one shared key/value head and of each query head."""
+        return self.qk_head_dim
+
+    def layer_kind(self, layer: int) -> str:
+        """Attention kind of block `layer` (trunk 0..L-1, then MTP blocks): mla, sliding, csa or hca."""
+        if self.attention == "mla":
+            return "mla"
+        if self.layer_types is not None and layer < len(self.layer_types):
+            return self.layer_types[layer]
+        return default_layer_types(self.num_layers)[layer] if layer < self.num_layers else "sliding"
+
+    @property
     def n_moe_layers(self) -> int:
         """MoE layers in the trunk plus one per MTP module (each MTP block has an MoE FFN)."""
         return max(self.num_layers - self.n_dense_layers, 0) + self.mtp_depth
 
     def validate(self) -> None:
         """Reject shapes the model cannot build, naming the offending field."""
+        if self.attention == "csa":
+            self._validate_csa()
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even for rotary pairs, got {self.qk_rope_head_dim}")
         if self.experts_per_token > self.n_routed_experts:
@@ -85,11 +119,32 @@ class ModelArgs:
                 f"({self.num_layers - self.n_dense_layers})"
             )
 
+    def _validate_csa(self) -> None:
+        """The released V4 attention's shape constraints."""
+        if self.q_lora_rank <= 0:
+            raise ValueError("q_lora_rank must be > 0 with attention=csa (the indexer reads the query latent)")
+        if self.v_head_dim != self.qk_head_dim:
+            raise ValueError(f"v_head_dim ({self.v_head_dim}) must equal qk_nope_head_dim + qk_rope_head_dim "
+                             f"({self.qk_head_dim}) with attention=csa (one shared key/value head)")
+        if (self.num_heads * self.head_dim) % self.o_groups:
+            raise ValueError(f"o_groups ({self.o_groups}) must divide num_heads x head_dim "
+                             f"({self.num_heads * self.head_dim})")
+        if self.csa_indexer_dim < self.qk_rope_head_dim:
+            raise ValueError(f"csa_indexer_dim ({self.csa_indexer_dim}) must be >= qk_rope_head_dim "
+                             f"({self.qk_rope_head_dim}): indexer queries and keys carry the rotary part")
+        if self.layer_types is not None:
+            bad = [k for k in self.layer_types if k not in LAYER_KINDS]
+            if bad:
+                raise ValueError(f"layer_types entries must be one of {', '.join(LAYER_KINDS)}, got {bad[0]!r}")
+            if not self.num_layers <= len(self.layer_types) <= self.num_layers + self.mtp_depth:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries; it needs num_layers "
+                                 f"({self.num_layers}) up to num_layers + mtp_depth")
+
     @classmethod
     def from_config(cls, model_cfg: ModelConfig) -> ModelArgs:
-        """Preset values with the config's overrides applied."""
+        """Preset values with the config's overrides applied (and the config's qat mode)."""
         values = resolved_model_values(model_cfg)
-        return cls.from_values(values)
+        return cls.from_values({**values, "qat": model_cfg.qat})
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> ModelArgs:

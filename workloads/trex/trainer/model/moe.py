@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.layers import MLP
+from trex.trainer.model.layers import MLP, swiglu, upcast
 
 
 def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
@@ -68,6 +68,7 @@ class Gate(nn.Module):
         self.n_groups = args.n_groups
         self.topk_groups = args.topk_groups
         self.scale = args.routed_scaling_factor
+        self.norm_topk_prob = args.norm_topk_prob
         self.hash_routed = hash_routed
         self.weight = nn.Parameter(torch.empty(self.n_experts, args.hidden_size))
         self.register_buffer("e_score_correction_bias", torch.zeros(self.n_experts, dtype=torch.float32))
@@ -82,25 +83,27 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, D], token_ids [N] -> (weights [N, k], indices [N, k], scores [N, E])."""
-        scores = router_scores(F.linear(x.float(), self.weight.float()), self.scoring)
+        xf = upcast(x)
+        scores = router_scores(F.linear(xf, self.weight.to(xf.dtype)), self.scoring)
         with torch.no_grad():
             if self.hash_routed:
-                indices = self.tid2eid[token_ids]
+                indices = self.tid2eid[token_ids].long()
             else:
                 choice = scores
                 if self.anticipatory_weight is not None:
-                    old = self.anticipatory_weight.to(device=x.device, dtype=torch.float32)
-                    choice = router_scores(F.linear(x.float(), old), self.scoring)
+                    old = self.anticipatory_weight.to(device=x.device, dtype=xf.dtype)
+                    choice = router_scores(F.linear(xf, old), self.scoring)
                 indices = select_experts(choice + self.e_score_correction_bias, self.k, self.n_groups, self.topk_groups)
         w = scores.gather(1, indices)
-        w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.scale
-        return w, indices, scores
+        if self.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        return w * self.scale, indices, scores
 
 
 def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     """torch._grouped_mm needs 16-byte aligned rows; on CUDA it runs bf16 on sm90+ (H100/H200); eager only."""
-    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
-        return False
+    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype or x.dtype == torch.float64:
+        return False  # no float64 kernel: the per-expert loop keeps a float64 model float64
     if torch.compiler.is_compiling():
         return False  # the CPU fp32 _grouped_mm kernel has no meta/fake implementation to trace
     size = x.element_size()
@@ -139,14 +142,6 @@ def grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> to
     return torch.cat(outs)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """silu(gate) * up with the V4 clamp: gate capped at `limit`, up clamped to [-limit, limit] (0 = off)."""
-    if limit > 0:
-        gate = gate.clamp(max=limit)
-        up = up.clamp(min=-limit, max=limit)
-    return F.silu(gate) * up
-
-
 CPU_GROUP_ROWS = 32
 """On CPU, bf16/fp16 expert GEMMs get every expert's row count padded up to a multiple of this. The CPU
 library behind them (oneDNN) builds and caches one kernel per shape, and routing gives each expert a new
@@ -175,9 +170,19 @@ class GroupedExperts(nn.Module):
         e, d, i = args.n_routed_experts, args.hidden_size, args.moe_intermediate_size
         self.n_experts = e
         self.limit = args.swiglu_limit
+        self.qat = args.qat == "fp4-experts"
         self.gate_proj = nn.Parameter(torch.empty(e, i, d))
         self.up_proj = nn.Parameter(torch.empty(e, i, d))
         self.down_proj = nn.Parameter(torch.empty(e, d, i))
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate, up, down) as the GEMMs read them: the parameters, or their FP4 fake-quantized forms
+        (straight-through gradients) under ``qat: fp4-experts``."""
+        if not self.qat:
+            return self.gate_proj, self.up_proj, self.down_proj
+        from trex.trainer.model.quant import fp4_fake_quant
+
+        return fp4_fake_quant(self.gate_proj), fp4_fake_quant(self.up_proj), fp4_fake_quant(self.down_proj)
 
     def forward(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, D], indices/weights [N, k] -> sum_k weights * expert_k(x): [N, D]."""
@@ -186,9 +191,7 @@ class GroupedExperts(nn.Module):
         order = flat.argsort(stable=True)
         tok = order // k
         counts = torch.bincount(flat, minlength=self.n_experts)
-        gate_w: torch.Tensor = self.gate_proj
-        up_w: torch.Tensor = self.up_proj
-        down_w: torch.Tensor = self.down_proj
+        gate_w, up_w, down_w = self.weights()
         dt = _autocast_dtype(x)
         if dt is not None:  # autocast does not cover the grouped GEMM: cast like it casts F.linear
             x, gate_w, up_w, down_w = x.to(dt), gate_w.to(dt), up_w.to(dt), down_w.to(dt)
@@ -213,7 +216,8 @@ class MoE(nn.Module):
         self.gate = Gate(args, hash_routed=hash_routed, seed=seed, layer=layer)
         self.experts = GroupedExperts(args)
         self.shared_experts = (
-            MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts)
+            MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts,
+                limit=args.swiglu_limit if args.attention == "csa" else 0.0)
             if args.n_shared_experts > 0 else None
         )
 
