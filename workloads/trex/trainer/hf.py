@@ -323,14 +323,11 @@ def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> Non
     stored = dequantize_tensors(read_hf_tensors(directory))
     state = model.state_dict()
     if model.args.attention == "csa":
-        from trex.trainer.hf_v4 import detect_v4_layout, from_v4_state_dict, to_v4_state_dict
+        from trex.trainer.hf_v4 import from_v4_state_dict
 
-        ours = from_v4_state_dict(stored, model.args, list(state))
-        original = detect_v4_layout(set(stored)) == "original"
-        layout_names = set(to_v4_state_dict(state, model.args, original=original))
-        extra = sorted(k for k in stored if k not in layout_names)
+        ours, extra = from_v4_state_dict(stored, model.args, list(state))
         if extra:
-            raise ValueError(f"V4 checkpoint has tensors the model lacks: {extra[:5]}")
+            raise ValueError(f"V4 checkpoint has tensors the model lacks: {sorted(extra)[:5]}")
     else:
         ours = from_hf_state_dict(model, stored)
     hash_bias = {f"{name}.e_score_correction_bias" for name, g in model.moe_gates() if g.hash_routed}

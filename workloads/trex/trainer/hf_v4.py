@@ -14,6 +14,7 @@ against a released checkpoint.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +23,10 @@ if TYPE_CHECKING:
 
     from trex.trainer.model.args import ModelArgs
 
+log = logging.getLogger(__name__)
+
 LAYER_TYPE_NAMES = {"sliding": "sliding_attention", "csa": "compressed_sparse_attention",
                     "hca": "heavily_compressed_attention"}
-COMPRESS_RATIO = {"sliding": 0}
 
 
 def check_v4_compatible(args: ModelArgs) -> None:
@@ -94,7 +96,6 @@ def hf_v4_config(args: ModelArgs, dtype: str = "float32") -> dict[str, Any]:
     }
 
 
-_LEGACY_RATIO_KIND = {0: "sliding", 4: "csa", 128: "hca"}
 _KIND_OF_NAME = {v: k for k, v in LAYER_TYPE_NAMES.items()}
 
 
@@ -206,9 +207,6 @@ def _block_to_hf(rest: str) -> str:
     return rest
 
 
-_MTP_HEADS = ("hnorm.", "enorm.", "eh_proj.", "norm.", "hc_head.")
-
-
 def _mtp_name(rest: str) -> str:
     """MTP-module-relative name (ours) -> stored (original style)."""
     if rest.startswith("block."):
@@ -272,41 +270,86 @@ def _stored_name(name: str, original: bool) -> str:
 
 
 def detect_v4_layout(keys: set[str]) -> str:
-    """'hf' (transformers names) or 'original' (DeepSeek's), from the tensor names."""
-    if any(k.startswith("model.") for k in keys) or "lm_head.weight" in keys:
-        return "hf"
-    if "embed.weight" in keys or any(re.match(r"layers\.\d+\.(attn|ffn)\.", k) for k in keys):
+    """'hf' (transformers' module names) or 'original' (DeepSeek's, with or without a `model.` prefix,
+    as transformers itself writes them back), from the tensor names."""
+    if any(re.match(r"(model\.)?layers\.\d+\.(attn|ffn)\.", k) for k in keys) or "embed.weight" in keys:
         return "original"
+    if any(k.startswith("model.") for k in keys):
+        return "hf"
     raise ValueError("cannot tell the checkpoint layout: neither model.* (transformers) nor embed/layers.N.attn "
                      "(DeepSeek original) names")
 
 
-def from_v4_state_dict(stored: dict[str, torch.Tensor], args: ModelArgs,
-                       our_names: list[str]) -> dict[str, torch.Tensor]:
-    """Stored tensors (either layout, already dequantized) -> our state-dict names.
+# original -> HF renames inside a block (regex, replacement), applied in order
+_TO_HF = [
+    (r"^attn\.indexer\.weights_proj\.", "self_attn.compressor.indexer.scorer.weights_proj."),
+    (r"^attn\.indexer\.wq_b\.", "self_attn.compressor.indexer.q_b_proj."),
+    (r"^attn\.indexer\.compressor\.", "self_attn.compressor.indexer."),
+    (r"^attn\.wq_b\.", "self_attn.q_b_proj."),
+    (r"^attn\.", "self_attn."), (r"^ffn\.", "mlp."),
+    (r"^attn_norm\.", "input_layernorm."), (r"^ffn_norm\.", "post_attention_layernorm."),
+    (r"^hc_(attn|ffn)_(fn|base|scale)$", r"\1_hc.\2"),
+    (r"\.attn_sink$", ".sinks"), (r"\.ape$", ".position_bias"), (r"\.norm\.weight$", ".kv_norm.weight"),
+    (r"\.wq_a\.", ".q_a_proj."), (r"\.wkv\.", ".kv_proj."), (r"\.wgate\.", ".gate_proj."),
+    (r"\.wo_a\.", ".o_a_proj."), (r"\.wo_b\.", ".o_b_proj."), (r"\.q_norm\.", ".q_a_norm."),
+    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+    (r"shared_experts\.w1\.", "shared_experts.gate_proj."), (r"shared_experts\.w2\.", "shared_experts.down_proj."),
+    (r"shared_experts\.w3\.", "shared_experts.up_proj."),
+]
+_TOP_TO_OURS = {"embed.weight": "embed_tokens.weight", "embed_tokens.weight": "embed_tokens.weight",
+                "head.weight": "lm_head.weight", "lm_head.weight": "lm_head.weight", "norm.weight": "norm.weight",
+                "hc_head_fn": "hc_head.fn", "hc_head_base": "hc_head.base", "hc_head_scale": "hc_head.scale",
+                "hc_head.hc_fn": "hc_head.fn", "hc_head.hc_base": "hc_head.base", "hc_head.hc_scale": "hc_head.scale"}
 
-    Built as the inverse of `_stored_name` over `our_names`, so save and load cannot drift apart."""
+
+def _block_from_stored(rest: str) -> str:
+    """Block-relative stored name (HF or original) -> ours."""
+    for pattern, repl in _TO_HF:
+        rest = re.sub(pattern, repl, rest)
+    return re.sub(r"^(attn|ffn)_hc\.", lambda m: f"hc_{m.group(1)}.", rest)
+
+
+def from_v4_state_dict(stored: dict[str, torch.Tensor], args: ModelArgs,
+                       our_names: list[str]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Stored tensors (either layout, already dequantized) -> (our state-dict names, stored names that
+    map to nothing). MTP tensors are matched against the names `to_v4_state_dict` writes for them."""
     import torch
 
-    layout = detect_v4_layout(set(stored))
-    original = layout == "original"
+    log.info("V4 checkpoint layout: %s names", detect_v4_layout(set(stored)))
     ours: dict[str, torch.Tensor] = {}
-    expert_prefixes: dict[str, str] = {}
-    for name in our_names:
-        em = re.match(r"(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$", name)
-        if em:
-            expert_prefixes[em.group(1)] = _stored_name(em.group(1) + ".x", original)[: -len(".x")]
+    leftover: list[str] = []
+    per_expert: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    mtp_names = {_stored_name(n, True): n for n in our_names if n.startswith("mtp.")
+                 and not re.search(r"\.mlp\.experts\.(gate_proj|up_proj|down_proj)$", n)}
+    for key, t in stored.items():
+        bare = key.removeprefix("model.")
+        if bare in _TOP_TO_OURS:
+            ours[_TOP_TO_OURS[bare]] = t
             continue
-        key = _stored_name(name, original)
-        if key in stored:
-            ours[name] = stored[key]
-    for prefix, sp in expert_prefixes.items():
-        if not original and f"{sp}.gate_up_proj" in stored:
-            gate, up = stored[f"{sp}.gate_up_proj"].chunk(2, dim=1)
-            ours[f"{prefix}.gate_proj"], ours[f"{prefix}.up_proj"] = gate, up
-            ours[f"{prefix}.down_proj"] = stored[f"{sp}.down_proj"]
-        elif original and f"{sp}.0.w1.weight" in stored:
-            for ours_kind, w in (("gate_proj", "w1"), ("down_proj", "w2"), ("up_proj", "w3")):
-                ours[f"{prefix}.{ours_kind}"] = torch.stack(
-                    [stored[f"{sp}.{e}.{w}.weight"] for e in range(args.n_routed_experts)])
-    return ours
+        mm = re.match(r"mtp\.(\d+)\.(.*)$", bare)
+        if mm and bare in mtp_names:
+            ours[mtp_names[bare]] = t
+            continue
+        lm = re.match(r"layers\.(\d+)\.(.*)$", bare)
+        if mm:  # an MTP block tensor: the same names as a trunk block, under mtp.K.
+            prefix, rest = f"mtp.{mm.group(1)}.block", mm.group(2)
+        elif lm:
+            prefix, rest = f"layers.{lm.group(1)}", lm.group(2)
+        else:
+            leftover.append(key)
+            continue
+        rest = _block_from_stored(rest)
+        em = re.match(r"mlp\.experts\.(\d+)\.(w[123])\.weight$", rest)
+        if em:
+            kind = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}[em.group(2)]
+            per_expert.setdefault(f"{prefix}.mlp.experts", {}).setdefault(kind, {})[int(em.group(1))] = t
+        elif rest == "mlp.experts.gate_up_proj":
+            ours[f"{prefix}.mlp.experts.gate_proj"], ours[f"{prefix}.mlp.experts.up_proj"] = t.chunk(2, dim=1)
+        else:
+            ours[f"{prefix}.{rest}"] = t
+    for prefix, kinds in per_expert.items():
+        for kind, per in kinds.items():
+            ours[f"{prefix}.{kind}"] = torch.stack([per[e] for e in sorted(per)])
+    known = set(our_names)
+    leftover += [k for k in ours if k not in known]
+    return {k: v for k, v in ours.items() if k in known}, leftover

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from trex.trainer.model.layers import upcast
+
 if TYPE_CHECKING:
     from trex.trainer.config import RoutingConfig
     from trex.trainer.model.model import ModelOutput
@@ -21,10 +23,11 @@ def _valid(labels: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor
 
 
 def masked_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted mean cross-entropy (fp32) over positions with weight > 0; 0 when there are none."""
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.clamp(min=0).reshape(-1),
+    """Weighted mean cross-entropy (>= fp32: a float64 model keeps float64) over positions with weight > 0;
+    0 when there are none."""
+    ce = F.cross_entropy(upcast(logits).reshape(-1, logits.shape[-1]), targets.clamp(min=0).reshape(-1),
                          reduction="none")
-    w = weights.reshape(-1)
+    w = weights.reshape(-1).to(ce.dtype)
     return (ce * w).sum() / w.sum().clamp(min=1e-12)
 
 
