@@ -36,7 +36,7 @@ class ModelArgs:
     csa_window: int = 16
     csa_indexer_heads: int = 2
     csa_indexer_dim: int = 16
-    hca_compress_every: int = 128
+    hca_compress_every: int = 8
     layer_types: list[str] | None = None
     """csa: attention kind per layer (sliding, csa, hca), trunk then MTP blocks; None = the released
     schedule (default_layer_types) with sliding MTP blocks."""
