@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.hf_float64 import hf_float64
+from helpers.hf_float64 import from_pretrained_float64, hf_float64
 from trex.trainer.config import RoutingConfig
 from trex.trainer.hf import args_from_hf_dir, load_hf, save_hf
 from trex.trainer.hf_v4 import detect_v4_layout
@@ -82,13 +82,9 @@ def test_parity_trex_to_transformers(tmp_path: Path, kind: str, dtype: torch.dty
     save_hf(ours, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["architectures"] == ["DeepseekV4ForCausalLM"]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype).eval()
-    if dtype == torch.float64:  # transformers keeps norms, mHC, sinks in fp32: reload them unrounded
-        from safetensors.torch import load_file
-
-        hf.double()
-        missing, _ = hf.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
-        assert not missing
+    cls = transformers.AutoModelForCausalLM
+    hf = (from_pretrained_float64(cls, tmp_path) if dtype == torch.float64
+          else cls.from_pretrained(tmp_path, dtype=dtype)).eval()
     ids = _ids()
     ref, ref_loss = _hf_logits_loss(hf, ids)
     mine, loss = _our_logits_loss(ours, ids)
