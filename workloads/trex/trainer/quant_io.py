@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 _NOT_QUANTIZED = re.compile(
-    r"(embed|lm_head|head\.weight|norm|\.gate\.|compressor\.(kv_proj|gate_proj|wkv|wgate)|weights_proj|"
+    r"(embed|lm_head|head\.weight|norm|\.gate\.|(compressor|indexer)\.(kv_proj|gate_proj|wkv|wgate)|weights_proj|"
     r"hc_|_hc\.|sinks|attn_sink|position_bias|ape|tid2eid|bias|eh_proj)")
 """Tensors that stay in full precision, as in DeepSeek's releases: embedding, head, norms, routers,
 the compressors' pooling projections and indexer head weights, mHC and other small parameters."""
