@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from trex.trainer.hf import args_from_hf_config, from_hf_state_dict, hf_config_from_args, load_hf, save_hf
 from helpers.hf_float64 import from_pretrained_float64, hf_float64
+from trex.trainer.hf import args_from_hf_config, from_hf_state_dict, hf_config_from_args, load_hf, save_hf
 from trex.trainer.model import ModelArgs, build_model_from_args
 
 transformers = pytest.importorskip("transformers")

@@ -166,3 +166,26 @@ def test_v4_config_round_trip_and_rejections() -> None:
         args_from_hf_config({**hf_config_from_args(args),
                              "rope_parameters": {"main": {"rope_type": "default", "rope_theta": 1e4},
                                                  "compress": {"rope_type": "yarn", "factor": 16}}})
+
+
+def test_export_serves_through_the_trex_checkpoint_model(tmp_path: Path) -> None:
+    """export_hf of a V4 model: transformers loads it with equal logits and the trex-checkpoint
+    evaluation model generates from it (transformers' V4 cache path)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from trex.evaluation.models.checkpoint import load_checkpoint_model
+    from trex.trainer.export import export_hf, export_problem
+
+    words = ["<|bos|>", "<|eos|>", "<|end|>", "<|pad|>", "<|user|>", "<|assistant|>", "[UNK]"] + [
+        f"w{i}" for i in range(40)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    ours = _ours("mixed", torch.float32)
+    assert export_problem(ours) is None
+    out = export_hf(ours, tok, tmp_path / "ckpt" / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = _ids()
+    with torch.no_grad():
+        assert (hf(ids).logits - ours(ids).logits).abs().max() < 1e-5
+    model = load_checkpoint_model(tmp_path / "ckpt", max_new_tokens=5, device="cpu")
+    res = model.generate_sync([{"role": "user", "content": "w1 w2 w3"}])
+    assert 1 <= res.usage.completion_tokens <= 5

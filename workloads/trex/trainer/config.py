@@ -242,8 +242,9 @@ class RoutingConfig(TrexModel):
     """MTP loss weight until mtpWeightDropStep."""
     mtp_loss_weight_late: float = Field(default=0.1, ge=0)
     """MTP loss weight from mtpWeightDropStep on."""
-    mtp_weight_drop_step: int = Field(default=1_000_000, ge=0)
-    """Step at which the MTP weight drops."""
+    mtp_weight_drop_step: int | None = Field(default=None, ge=0)
+    """Step at which the MTP weight drops; unset = where the LR schedule starts to decay (warmupSteps +
+    constantSteps, DeepSeek-V4's recipe), never with decay "none"."""
 
 
 class SpikeConfig(TrexModel):
@@ -316,15 +317,16 @@ class CheckpointConfig(TrexModel):
     resume: bool = True
     """Resume from the latest verified checkpoint when one exists."""
     init_from_hf: str | None = None
-    """Directory of Hugging Face safetensors (DeepSeek-V3 layout) to initialise from."""
+    """Directory of safetensors to initialise from: DeepSeek-V3 (HF names) or DeepSeek-V4 (HF or DeepSeek's
+    original names, detected from the tensors), quantized (FP8/FP4 with scales) or not."""
     export_hf: bool = True
-    """At the end of a successful run, write a Hugging Face export (DeepSeek-V3 safetensors, tokenizer, chat
-    template) to <dir>/hf when the model has a DeepSeek-V3 equivalent (mla + sigmoid, hcMult 1, no hash layers);
-    other shapes are skipped with a log line."""
+    """At the end of a successful run, write a Hugging Face export (DeepSeek-V3 or -V4 safetensors, tokenizer,
+    chat template) to <dir>/hf when the model has a transformers equivalent (mla: DeepseekV3 with sigmoid
+    routing, hcMult 1, no hash layers; csa: DeepseekV4); other shapes are skipped with a log line."""
     export_hf_every: bool = False
     """Also write the Hugging Face export into every saved checkpoint (<dir>/step-N/hf, covered by its
     manifest), so an EvalJob can evaluate one step (modelFrom.step). Costs one model-sized write per
-    checkpoint; needs a shape with a DeepSeek-V3 equivalent."""
+    checkpoint; needs a shape with a transformers equivalent (DeepseekV3 or DeepseekV4)."""
 
 
 class LoggingConfig(TrexModel):
@@ -372,6 +374,9 @@ class TrainerConfig(TrexModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
+        if self.routing.mtp_weight_drop_step is None:
+            start = lr_decay_start(self.optimizer.schedule)
+            self.routing.mtp_weight_drop_step = NEVER if start is None else start
         if self.mode == "opd" and not self.teacher_url:
             raise ValueError("teacherUrl: required when mode is 'opd' (on-policy distillation needs a teacher)")
         if self.data.global_batch_size % self.data.micro_batch_size:
@@ -380,6 +385,15 @@ class TrainerConfig(TrexModel):
                 f"data.microBatchSize ({self.data.micro_batch_size})"
             )
         return self
+
+
+NEVER = 2**62
+"""A step no run reaches (mtpWeightDropStep when the schedule never decays)."""
+
+
+def lr_decay_start(schedule: ScheduleConfig) -> int | None:
+    """First step of the LR decay (None when the schedule does not decay)."""
+    return None if schedule.decay == "none" else schedule.warmup_steps + schedule.constant_steps
 
 
 def resolved_model_values(cfg: ModelConfig) -> dict[str, object]:

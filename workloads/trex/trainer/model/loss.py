@@ -170,7 +170,8 @@ def compute_loss(out: ModelOutput, labels: torch.Tensor, loss_mask: torch.Tensor
             tgt, w = mtp_targets(labels, loss_mask, out.doc_ids, k + 1)
             terms.append(_ce(out, k, tgt, w))
         mtp = torch.stack(terms).mean()
-    w_mtp = routing.mtp_loss_weight if step < routing.mtp_weight_drop_step else routing.mtp_loss_weight_late
+    drop = routing.mtp_weight_drop_step  # resolved from the LR schedule by TrainerConfig; None = never
+    w_mtp = routing.mtp_loss_weight_late if drop is not None and step >= drop else routing.mtp_loss_weight
     balance = out.balance_loss.float()
     indexer = out.indexer_loss.float()
     total = lm + w_mtp * mtp + routing.sequence_balance_weight * balance + indexer
