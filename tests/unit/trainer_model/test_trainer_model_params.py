@@ -132,6 +132,12 @@ def test_peak_catalog_mfu_and_memory() -> None:
     ({"n_groups": 4, "topk_groups": 5}, "topk_groups"),
     ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
     ({"n_hash_layers": 3}, "n_hash_layers"),
+    ({"qat": "fp4-experts", "moe_intermediate_size": 48}, "moe_intermediate_size"),
+    ({"attention": "csa", "v_head_dim": 24}, "q_lora_rank"),
+    ({"attention": "csa", "q_lora_rank": 8}, "v_head_dim"),
+    ({"attention": "csa", "q_lora_rank": 8, "v_head_dim": 24, "o_groups": 5}, "o_groups"),
+    ({"attention": "csa", "q_lora_rank": 8, "v_head_dim": 24, "layer_types": ["csa"]}, "layer_types"),
+    ({"attention": "csa", "q_lora_rank": 8, "v_head_dim": 24, "layer_types": ["csa", "dense"]}, "layer_types"),
 ])
 def test_model_args_reject_bad_shapes_naming_the_field(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):

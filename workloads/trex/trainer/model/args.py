@@ -97,6 +97,14 @@ class ModelArgs:
         """Reject shapes the model cannot build, naming the offending field."""
         if self.attention == "csa":
             self._validate_csa()
+        if self.qat == "fp4-experts":
+            dims = {"hidden_size": self.hidden_size, "moe_intermediate_size": self.moe_intermediate_size}
+            if self.attention == "csa":
+                dims["csa_indexer_dim"] = self.csa_indexer_dim
+            for name, value in dims.items():
+                if value % 32:
+                    raise ValueError(f"{name} ({value}) must be a multiple of 32 with qat=fp4-experts "
+                                     "(FP4 scales cover 1 x 32 blocks)")
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even for rotary pairs, got {self.qk_rope_head_dim}")
         if self.experts_per_token > self.n_routed_experts:
