@@ -115,6 +115,17 @@ class ModelConfig(TrexModel):
     parameters, gradients and optimizer states keep ``dtype``; about 30 % faster forward+backward on
     CPUs with AVX512-BF16/AMX, with bf16-level numerics. Default "off" (every op in ``dtype``)."""
 
+    @model_validator(mode="after")
+    def _shape(self) -> ModelConfig:
+        """The resolved shape must build: the model's own checks, at validate time (no torch import)."""
+        from trex.trainer.model_args import ModelArgs
+
+        try:
+            ModelArgs.from_config(self)
+        except ValueError as e:
+            raise ValueError(f"overrides: {e}") from None
+        return self
+
 
 class ParallelismConfig(TrexModel):
     """Parallel degrees. Attention mesh: dp x tp x pp; MoE mesh (folded): edp x ep x etp x pp, same world."""

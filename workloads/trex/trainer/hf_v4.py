@@ -101,7 +101,7 @@ _KIND_OF_NAME = {v: k for k, v in LAYER_TYPE_NAMES.items()}
 
 def args_from_v4_config(cfg: dict[str, Any]) -> ModelArgs:
     """ModelArgs of a DeepseekV4 config.json (also the legacy compress_ratios / num_hash_layers keys)."""
-    from trex.trainer.model.args import ModelArgs, default_layer_types
+    from trex.trainer.model_args import ModelArgs, default_layer_types
 
     n = int(cfg.get("num_hidden_layers", 43))
     mtp = int(cfg.get("num_nextn_predict_layers", 1))

@@ -122,7 +122,7 @@ class ParamBreakdown:
 
 def layer_kinds(v: Mapping[str, Any]) -> list[str]:
     """Attention kind of every block (trunk, then MTP): mla, or V4's sliding / csa / hca."""
-    from trex.trainer.model.args import default_layer_types
+    from trex.trainer.model_args import default_layer_types
 
     n, mtp = _i(v, "num_layers"), _i(v, "mtp_depth")
     if v["attention"] == "mla":
