@@ -19,7 +19,8 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.6.0 \
  && pip install torch-npu==2.6.0 \
  && groupadd --gid 65532 trex && useradd --uid 65532 --gid 65532 --create-home --shell /bin/bash trex
 COPY --from=build /wheels /wheels
-RUN pip install /wheels/*.whl && rm -rf /wheels
+# the [hf] extra: transformers for the transformers / trex-checkpoint evaluation models
+RUN pip install "$(echo /wheels/trex-*.whl)[hf]" && rm -rf /wheels
 # The CANN environment (set_env.sh) for every process, including non-login shells of the pod.
 ENV ASCEND_TOOLKIT_HOME=/usr/local/Ascend/ascend-toolkit/latest \
     LD_LIBRARY_PATH=/usr/local/Ascend/driver/lib64/driver:/usr/local/Ascend/driver/lib64/common:/usr/local/Ascend/ascend-toolkit/latest/lib64:/usr/local/Ascend/ascend-toolkit/latest/lib64/plugin/opskernel \

@@ -10,7 +10,8 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml README.md /src/
 COPY workloads /src/workloads
 COPY operator /src/operator
-RUN pip install /src
+# the [hf] extra: transformers for the transformers / trex-checkpoint evaluation models
+RUN pip install "/src[hf]"
 
 FROM python:3.12.11-slim-bookworm
 LABEL org.opencontainers.image.title="trex-workload-cpu" \

@@ -22,7 +22,8 @@ RUN apt-get update \
  && groupadd --gid 65532 trex && useradd --uid 65532 --gid 65532 --create-home --shell /usr/sbin/nologin trex
 COPY --from=build /wheels /wheels
 # torch comes from the base image: pip keeps it because it satisfies the project's range.
-RUN pip install /wheels/*.whl && rm -rf /wheels
+# the [hf] extra: transformers for the transformers / trex-checkpoint evaluation models
+RUN pip install "$(echo /wheels/trex-*.whl)[hf]" && rm -rf /wheels
 ENV PYTHONUNBUFFERED=1
 WORKDIR /home/trex
 USER 65532:65532

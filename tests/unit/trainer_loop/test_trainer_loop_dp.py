@@ -81,8 +81,9 @@ def test_init_from_hf_weights(tmp_path: Path) -> None:
     ({"parallelism": {"tp": 2}}, "parallelism.tp"),
     ({"optimizer": {"swap": {"enabled": True}}}, "optimizer.swap.enabled"),
     ({"checkpoint": {"initFromHf": "no-such-dir"}}, "checkpoint.initFromHf"),
-    ({"checkpoint": {"dir": "unused", "exportHfEvery": True}, "model": {"preset": "tiny", "overrides": {"attention": "csa"}}},
-     "checkpoint.exportHfEvery"),
+    ({"checkpoint": {"dir": "unused", "exportHfEvery": True},
+      "model": {"preset": "tiny", "overrides": {"attention": "csa", "qLoraRank": 16, "vHeadDim": 24}}},
+     "checkpoint.exportHfEvery"),  # hcMult 1: no DeepseekV4 equivalent
 ])
 def test_unsupported_settings_are_config_problems(tmp_path: Path, over: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigProblem) as e:

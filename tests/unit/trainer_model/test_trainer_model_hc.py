@@ -1,4 +1,5 @@
-"""mHC: Sinkhorn mixing matrices are doubly stochastic; hc_mult = 1 is exactly a plain residual."""
+"""mHC: Sinkhorn mixing matrices are doubly stochastic; hc_mult = 1 is exactly a plain residual (the
+released formulation itself is checked against transformers in test_trainer_model_hf_v4)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,9 @@ def test_hyper_connection_mappings_doubly_stochastic_and_bounded() -> None:
     hc = HyperConnection(4, 16, sinkhorn_iters=20)
     hc.reset_static()
     with torch.no_grad():
-        hc.phi.weight.normal_(0, 0.05)
-        hc.alpha.fill_(1.0)
-        hc.b_res.add_(torch.randn(4, 4) * 0.5)
-        hc.b_pre.normal_(0, 1.0)
-        hc.b_post.normal_(0, 1.0)
+        hc.fn.normal_(0, 0.05)
+        hc.scale.fill_(1.0)
+        hc.base.add_(torch.randn(24))
     pre, post, res = hc.mappings(torch.randn(2, 5, 4, 16))
     assert torch.allclose(res.sum(-1), torch.ones(2, 5, 4), atol=1e-3)
     assert torch.allclose(res.sum(-2), torch.ones(2, 5, 4), atol=1e-3)
@@ -58,7 +57,7 @@ def test_hc_mult_one_is_plain_residual() -> None:
 
 
 def test_hc_streams_with_identity_mixing_reduce_to_residual_per_stream() -> None:
-    """With phi = 0, H_res = I (large diagonal bias), H_pre = e_0, H_post = 1 each stream is x_i + F(x_0)."""
+    """With fn = 0, H_res = I (large diagonal bias), H_pre = e_0, H_post = 2 each stream is x_i + 2 F(x_0)."""
     torch.manual_seed(3)
     args = ModelArgs(hc_mult=3)
     block = Block(args, moe=False)
@@ -66,10 +65,9 @@ def test_hc_streams_with_identity_mixing_reduce_to_residual_per_stream() -> None
         torch.nn.init.normal_(p, 0, 0.1)
     with torch.no_grad():
         for hc in (block.hc_attn, block.hc_ffn):
-            hc.phi.weight.zero_()
-            hc.b_res.copy_(torch.eye(3) * 60.0)
-            hc.b_pre.copy_(torch.tensor([60.0, -60.0, -60.0]))
-            hc.b_post.fill_(60.0)  # 2 sigmoid(60) = 2
+            hc.fn.zero_()
+            hc.base.copy_(torch.cat([torch.tensor([60.0, -60.0, -60.0]), torch.full((3,), 60.0),  # 2 sigmoid(60) = 2
+                                     (torch.eye(3) * 60.0).flatten()]))
     x = torch.randn(1, 6, 3, args.hidden_size)
     ctx = _ctx(1, 6, args)
     y = block(x, ctx, torch.zeros(1, 6, dtype=torch.long))[0]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.hf_float64 import from_pretrained_float64, hf_float64
 from trex.trainer.hf import args_from_hf_config, from_hf_state_dict, hf_config_from_args, load_hf, save_hf
 from trex.trainer.model import ModelArgs, build_model_from_args
 
@@ -67,7 +68,7 @@ def test_save_load_roundtrip_keeps_mtp(tmp_path: Path) -> None:
 
 
 def test_hf_config_rejects_v4_features_naming_the_field() -> None:
-    for field, value in (("attention", "csa"), ("hc_mult", 4), ("scoring", "sqrt-softplus"), ("n_hash_layers", 1)):
+    for field, value in (("hc_mult", 4), ("scoring", "sqrt-softplus"), ("n_hash_layers", 1)):
         kw = {**ARGS, field: value}
         with pytest.raises(ValueError, match=field):
             hf_config_from_args(ModelArgs(**kw))
@@ -78,3 +79,53 @@ def test_hf_config_rejects_v4_features_naming_the_field() -> None:
     del bad["kv_lora_rank"]
     with pytest.raises(ValueError, match="kv_lora_rank"):
         args_from_hf_config(bad)
+
+
+def _hf_parity(tmp_path: Path, args: ModelArgs, dtype: torch.dtype) -> float:
+    ours = build_model_from_args(args, seed=1, dtype=dtype).eval()
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if "layernorm" in name or "norm.weight" in name:
+                p.add_(torch.randn_like(p) * 0.3)  # so the norm eps and scales matter
+        for _, gate in ours.moe_gates():
+            gate.e_score_correction_bias.normal_(0, 0.1)
+    save_hf(ours, tmp_path)
+    cls = transformers.DeepseekV3ForCausalLM
+    hf = (from_pretrained_float64(cls, tmp_path) if dtype == torch.float64
+          else cls.from_pretrained(tmp_path, dtype=dtype)).eval()
+    hf.config._experts_implementation = "eager"
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), hf_float64():
+        ref = hf(ids).logits
+    with torch.no_grad():
+        mine = ours(ids).logits
+    return float((mine - ref).abs().max())
+
+
+@pytest.mark.parametrize("option", [{"norm_topk_prob": False}, {"rope_interleave": False},
+                                    {"norm_eps": 1e-3}], ids=["norm_topk_prob", "rope_interleave", "latent_eps"])
+def test_v3_options_match_transformers(tmp_path: Path, option: dict[str, Any]) -> None:
+    """Each of these was silently ignored (or used the wrong eps) before; now they follow config.json."""
+    args = ModelArgs(**{**ARGS, "q_lora_rank": 16, "mtp_depth": 0, "init_std": 0.2, **option})
+    assert _hf_parity(tmp_path, args, torch.float32) < 1e-5
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    back = args_from_hf_config(cfg)
+    for key, value in option.items():
+        assert getattr(back, key) == value
+
+
+def test_v3_float64_forward_matches_transformers(tmp_path: Path) -> None:
+    """A float64 model runs on CPU (no float64 grouped GEMM: the per-expert loop) and matches to 1e-10."""
+    args = ModelArgs(**{**ARGS, "q_lora_rank": 16, "mtp_depth": 1, "init_std": 0.2})
+    assert _hf_parity(tmp_path, args, torch.float64) < 1e-10
+
+
+def test_v3_export_with_an_active_clamp_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = build_model_from_args(ModelArgs(**{**ARGS, "swiglu_limit": 10.0}))
+    with caplog.at_level("WARNING"):
+        save_hf(model, tmp_path)
+    assert "swiglu_limit" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        save_hf(build_model_from_args(ModelArgs(**ARGS)), tmp_path / "off")
+    assert "swiglu_limit" not in caplog.text

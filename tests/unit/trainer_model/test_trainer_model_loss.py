@@ -80,3 +80,15 @@ def test_mtp_head_sees_tokens_up_to_t_plus_one() -> None:
         assert torch.allclose(a[0, :first], b[0, :first], atol=1e-6)
         assert not torch.allclose(a[0, first], b[0, first], atol=1e-4)
     assert len(ox.mtp_logits) == 2 and ox.mtp_logits[0].shape == ox.logits.shape
+
+
+def test_mtp_weight_drops_where_the_lr_decay_starts_by_default() -> None:
+    from trex.trainer.config import NEVER, TrainerConfig
+
+    cfg = TrainerConfig.model_validate({"optimizer": {"schedule": {"warmupSteps": 7, "constantSteps": 5}}})
+    assert cfg.routing.mtp_weight_drop_step == 12
+    flat = TrainerConfig.model_validate({"optimizer": {"schedule": {"decay": "none"}}})
+    assert flat.routing.mtp_weight_drop_step == NEVER
+    explicit = TrainerConfig.model_validate({"routing": {"mtpWeightDropStep": 3}})
+    assert explicit.routing.mtp_weight_drop_step == 3
+    assert TrainerConfig().routing.mtp_weight_drop_step == 10  # default schedule: 10 warmup steps, no plateau

@@ -21,7 +21,9 @@ from trex.trainer.presets import resolve_model_values
 
 VARIANTS = [
     ("tiny", {}),
-    ("tiny", {"attention": "csa", "hc_mult": 4, "n_hash_layers": 1, "q_lora_rank": 16, "n_dense_layers": 1}),
+    ("tiny", {"attention": "csa", "hc_mult": 4, "n_hash_layers": 1, "q_lora_rank": 16, "n_dense_layers": 1,
+              "v_head_dim": 24, "layer_types": ["sliding", "csa"]}),
+    ("tiny", {"attention": "csa", "hc_mult": 2, "q_lora_rank": 16, "v_head_dim": 24, "layer_types": ["hca", "csa", "hca"]}),
     ("small-cpu", {}),
 ]
 
@@ -43,13 +45,15 @@ def test_param_roles_cover_every_parameter_once(preset: Any, ov: dict[str, Any])
             assert role == "adamw", name
         if name.endswith(("experts.gate_proj", "experts.up_proj", "experts.down_proj")):
             assert p.dim() == 3 and role == "muon", name
-        if name.endswith(("b_res", "b_pre", "b_post", "alpha", "layernorm.weight")):
+        if name.endswith(("hc_attn.base", "hc_attn.scale", "layernorm.weight", "sinks", "position_bias")):
             assert role == "adamw", name
-        if name.endswith(("self_attn.o_proj.weight", "mlp.gate.weight", "hc_attn.phi.weight")):
+        if name.endswith(("self_attn.o_proj.weight", "mlp.gate.weight", "hc_attn.fn", "self_attn.o_a_proj.weight",
+                          "compressor.indexer.q_b_proj.weight")):
             assert role == "muon", name
     assert not any("e_score_correction_bias" in n for n in roles)
     if ov.get("hc_mult"):
-        assert roles["layers.0.hc_attn.b_res"] == "adamw" and params["layers.0.hc_attn.b_res"].dim() == 2
+        assert roles["layers.0.hc_attn.fn"] == "muon" and params["layers.0.hc_attn.fn"].dim() == 2
+        assert roles["hc_head.base"] == "adamw"
 
 
 @pytest.mark.parametrize("preset", ["v4-flash", "v4-pro", "small-gpu"])
@@ -87,11 +91,16 @@ def test_flops_per_token_tiny_by_hand() -> None:
     t = 128
     expected = 6 * n_active_non_emb + 6 * 3 * h * (24 + 16) * (t / 2)
     assert flops_per_token(v, t) == pytest.approx(expected, rel=1e-12)
-    csa = resolve_model_values("tiny", {"attention": "csa"})
-    keys = min(16, t) + min(8, t / 4)
-    attn_csa = attn + 24 + 32 + 4 + 32 + d * 2 * 16 + d * 2 + 32 * 16
-    n_csa = 3 * (attn_csa + 2 * d + moe_active) + mtp_extra + d + 2 * vocab * d
-    exp_csa = 6 * n_csa + 6 * 3 * h * 40 * keys + 6 * 3 * 2 * 16 * t / 8
+    csa = resolve_model_values("tiny", {"attention": "csa", "q_lora_rank": 16, "v_head_dim": 24,
+                                        "layer_types": ["sliding", "csa"]})
+    # V4 layers: head_dim 24, q_lora 16, o_groups 2 x o_lora 16, sinks; MTP block is sliding
+    sliding = (d * 16 + 16 + 16 * h * 24) + (d * 24 + 24) + (h * 24 * 16 + 2 * 16 * d) + h
+    pool_main = 2 * d * 48 + 4 * 48 + 24
+    pool_idx = 2 * d * 32 + 4 * 32 + 16
+    csa_layer = sliding + pool_main + pool_idx + 16 * 2 * 16 + d * 2
+    n_csa = (2 * sliding + csa_layer) + 3 * (2 * d + moe_active) + mtp_extra + d + 2 * vocab * d
+    keys = 16 + (16 + min(8, t / 4)) + 16  # sliding, csa (window + top-k), MTP sliding
+    exp_csa = 6 * n_csa + 6 * h * 48 * keys + 6 * 2 * 16 * t / 8
     assert flops_per_token(csa, t) == pytest.approx(exp_csa, rel=1e-12)
 
 
@@ -123,6 +132,12 @@ def test_peak_catalog_mfu_and_memory() -> None:
     ({"n_groups": 4, "topk_groups": 5}, "topk_groups"),
     ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
     ({"n_hash_layers": 3}, "n_hash_layers"),
+    ({"qat": "fp4-experts", "moe_intermediate_size": 48}, "moe_intermediate_size"),
+    ({"attention": "csa", "v_head_dim": 24}, "q_lora_rank"),
+    ({"attention": "csa", "q_lora_rank": 8}, "v_head_dim"),
+    ({"attention": "csa", "q_lora_rank": 8, "v_head_dim": 24, "o_groups": 5}, "o_groups"),
+    ({"attention": "csa", "q_lora_rank": 8, "v_head_dim": 24, "layer_types": ["csa"]}, "layer_types"),
+    ({"attention": "csa", "q_lora_rank": 8, "v_head_dim": 24, "layer_types": ["csa", "dense"]}, "layer_types"),
 ])
 def test_model_args_reject_bad_shapes_naming_the_field(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):

@@ -45,6 +45,16 @@ class ModelOverrides(TrexModel):
     """csa: heads of the lightning indexer that scores compressed entries."""
     csa_indexer_dim: int | None = Field(default=None, gt=0, le=4096)
     """csa: per-head dimension of the lightning indexer."""
+    hca_compress_every: int | None = Field(default=None, gt=0)
+    """csa: one heavily compressed KV entry every m' tokens in hca layers."""
+    layer_types: list[Literal["sliding", "csa", "hca"]] | None = None
+    """csa: attention kind per layer (trunk, then optionally MTP blocks); unset = the released schedule."""
+    o_groups: int | None = Field(default=None, gt=0)
+    """csa: head groups of the grouped low-rank output projection."""
+    o_lora_rank: int | None = Field(default=None, gt=0)
+    """csa: per-group width of the grouped output projection."""
+    compress_rope_theta: float | None = Field(default=None, gt=0)
+    """csa: rotary base of csa/hca layers and their compressed entries (sliding layers use rope_theta)."""
     intermediate_size: int | None = Field(default=None, gt=0)
     """Dense FFN hidden size (first dense layers)."""
     moe_intermediate_size: int | None = Field(default=None, gt=0)
@@ -65,6 +75,8 @@ class ModelOverrides(TrexModel):
     """Groups a token may route into when group-limited routing is on."""
     routed_scaling_factor: float | None = Field(default=None, gt=0)
     """Scale applied to the renormalised routing weights."""
+    norm_topk_prob: bool | None = None
+    """Renormalise the chosen experts' scores to sum to 1 before scaling (V3/V4 releases: true)."""
     n_hash_layers: int | None = Field(default=None, ge=0)
     """Leading MoE layers routed by a fixed token-id hash table (V4)."""
     swiglu_limit: float | None = Field(default=None, ge=0)
@@ -73,12 +85,16 @@ class ModelOverrides(TrexModel):
     """mHC residual streams (1 = plain residual)."""
     sinkhorn_iters: int | None = Field(default=None, gt=0, le=100)
     """Sinkhorn iterations normalising the mHC mixing matrix."""
+    hc_eps: float | None = Field(default=None, gt=0)
+    """mHC numerical floor added to the pre/mixing weights and the Sinkhorn denominators."""
     mtp_depth: int | None = Field(default=None, ge=0, le=8)
     """Multi-token-prediction heads."""
     max_seq_len: int | None = Field(default=None, gt=0)
     """Longest sequence the rotary tables are built for (tokens)."""
     rope_theta: float | None = Field(default=None, gt=0)
     """Rotary base frequency."""
+    rope_interleave: bool | None = None
+    """mla: rotate interleaved pairs (DeepSeek's layout, true) or the two halves (HF rope_interleave false)."""
 
 
 class ModelConfig(TrexModel):
@@ -91,10 +107,25 @@ class ModelConfig(TrexModel):
     dtype: Literal["fp32", "bf16", "fp64"] = "fp32"
     """Parameter and compute dtype (bf16 on accelerators, fp32 on CPU; fp64 on CPU for reference runs, where
     Muon's Newton-Schulz runs in fp64 too)."""
+    qat: Literal["none", "fp4-experts"] = "none"
+    """Quantization-aware training: "fp4-experts" runs routed experts and the csa indexer's query/key
+    path through FP4 (e2m1, 1x32 blocks) -> FP8 (e4m3) -> matmul with straight-through gradients, as
+    DeepSeek-V4 trains them; the fp32 master weights stay unquantized."""
     autocast: Literal["off", "bf16"] = "off"
     """Mixed precision (opt-in): "bf16" runs forward and loss under torch.autocast(bfloat16) while
     parameters, gradients and optimizer states keep ``dtype``; about 30 % faster forward+backward on
     CPUs with AVX512-BF16/AMX, with bf16-level numerics. Default "off" (every op in ``dtype``)."""
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelConfig:
+        """The resolved shape must build: the model's own checks, at validate time (no torch import)."""
+        from trex.trainer.model_args import ModelArgs
+
+        try:
+            ModelArgs.from_config(self)
+        except ValueError as e:
+            raise ValueError(f"overrides: {e}") from None
+        return self
 
 
 class ParallelismConfig(TrexModel):
@@ -233,8 +264,9 @@ class RoutingConfig(TrexModel):
     """MTP loss weight until mtpWeightDropStep."""
     mtp_loss_weight_late: float = Field(default=0.1, ge=0)
     """MTP loss weight from mtpWeightDropStep on."""
-    mtp_weight_drop_step: int = Field(default=1_000_000, ge=0)
-    """Step at which the MTP weight drops."""
+    mtp_weight_drop_step: int | None = Field(default=None, ge=0)
+    """Step at which the MTP weight drops; unset = where the LR schedule starts to decay (warmupSteps +
+    constantSteps, DeepSeek-V4's recipe), never with decay "none"."""
 
 
 class SpikeConfig(TrexModel):
@@ -307,15 +339,16 @@ class CheckpointConfig(TrexModel):
     resume: bool = True
     """Resume from the latest verified checkpoint when one exists."""
     init_from_hf: str | None = None
-    """Directory of Hugging Face safetensors (DeepSeek-V3 layout) to initialise from."""
+    """Directory of safetensors to initialise from: DeepSeek-V3 (HF names) or DeepSeek-V4 (HF or DeepSeek's
+    original names, detected from the tensors), quantized (FP8/FP4 with scales) or not."""
     export_hf: bool = True
-    """At the end of a successful run, write a Hugging Face export (DeepSeek-V3 safetensors, tokenizer, chat
-    template) to <dir>/hf when the model has a DeepSeek-V3 equivalent (mla + sigmoid, hcMult 1, no hash layers);
-    other shapes are skipped with a log line."""
+    """At the end of a successful run, write a Hugging Face export (DeepSeek-V3 or -V4 safetensors, tokenizer,
+    chat template) to <dir>/hf when the model has a transformers equivalent (mla: DeepseekV3 with sigmoid
+    routing, hcMult 1, no hash layers; csa: DeepseekV4); other shapes are skipped with a log line."""
     export_hf_every: bool = False
     """Also write the Hugging Face export into every saved checkpoint (<dir>/step-N/hf, covered by its
     manifest), so an EvalJob can evaluate one step (modelFrom.step). Costs one model-sized write per
-    checkpoint; needs a shape with a DeepSeek-V3 equivalent."""
+    checkpoint; needs a shape with a transformers equivalent (DeepseekV3 or DeepseekV4)."""
 
 
 class LoggingConfig(TrexModel):
@@ -363,6 +396,9 @@ class TrainerConfig(TrexModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
+        if self.routing.mtp_weight_drop_step is None:
+            start = lr_decay_start(self.optimizer.schedule)
+            self.routing.mtp_weight_drop_step = NEVER if start is None else start
         if self.mode == "opd" and not self.teacher_url:
             raise ValueError("teacherUrl: required when mode is 'opd' (on-policy distillation needs a teacher)")
         if self.data.global_batch_size % self.data.micro_batch_size:
@@ -371,6 +407,15 @@ class TrainerConfig(TrexModel):
                 f"data.microBatchSize ({self.data.micro_batch_size})"
             )
         return self
+
+
+NEVER = 2**62
+"""A step no run reaches (mtpWeightDropStep when the schedule never decays)."""
+
+
+def lr_decay_start(schedule: ScheduleConfig) -> int | None:
+    """First step of the LR decay (None when the schedule does not decay)."""
+    return None if schedule.decay == "none" else schedule.warmup_steps + schedule.constant_steps
 
 
 def resolved_model_values(cfg: ModelConfig) -> dict[str, object]:
@@ -416,6 +461,10 @@ def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str,
     heads = int(str(m["num_heads"]))
     if heads % p.tp:
         out.append((f"{base}.tp", f"tp={p.tp} does not divide the attention head count {heads}"))
+    o_groups = int(str(m.get("o_groups", 1)))
+    if m.get("attention") == "csa" and o_groups % p.tp:
+        out.append((f"{base}.tp", f"tp={p.tp} does not divide the output groups oGroups={o_groups} of the "
+                    "DeepSeek-V4 attention (each tp rank projects whole groups)"))
     dp = p.dp if p.dp is not None else world_size // (p.tp * p.pp) if world_size % (p.tp * p.pp) == 0 else 0
     if dp and dp % p.dp_replicate:
         out.append((f"{base}.dpReplicate", f"dpReplicate={p.dp_replicate} does not divide dp={dp}"))

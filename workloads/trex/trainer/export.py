@@ -1,4 +1,5 @@
-"""Hugging Face export of a trained model: DeepSeek-V3 safetensors + tokenizer + chat template.
+"""Hugging Face export of a trained model: DeepSeek-V3 (mla) or DeepSeek-V4 (csa) safetensors + tokenizer +
+chat template.
 
 Evaluation (`EvalJob` with `trex-checkpoint`, or any transformers/vLLM server) loads this directory
 with `AutoModelForCausalLM` / `AutoTokenizer`. The chat template reproduces the trainer's SFT
@@ -23,7 +24,7 @@ CHAT_TEMPLATE = (
 
 
 def export_problem(model: Any) -> str | None:
-    """Why ``model`` has no DeepSeek-V3 Hugging Face form (None when it has one)."""
+    """Why ``model`` has no transformers (DeepseekV3 / DeepseekV4) form (None when it has one)."""
     from trex.trainer.hf import check_hf_compatible
 
     try:
@@ -41,7 +42,7 @@ def export_hf(model: Any, tokenizer: Any, directory: str | os.PathLike[str]) -> 
     """Write the export into ``directory`` atomically (built beside it, then renamed into place).
 
     ``tokenizer`` is the trainer's `tokenizers.Tokenizer` (with the trainer's special tokens).
-    Raises ValueError naming the model field when the shape has no DeepSeek-V3 equivalent.
+    Raises ValueError naming the model field when the shape has no transformers equivalent.
     """
     from trex.trainer.hf import save_hf
 

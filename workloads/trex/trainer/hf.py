@@ -1,6 +1,9 @@
-"""Hugging Face safetensors import/export for the DeepSeek-V3 configuration (`mla` + sigmoid routing).
+"""Hugging Face safetensors import/export: DeepSeek-V3 (`mla`) and DeepSeek-V4 (`csa`, see trex.trainer.hf_v4).
 
-On disk the layout is the one `DeepseekV3ForCausalLM` checkpoints use: `model.layers.N.self_attn.*`,
+Weights may be stored block-quantized (FP8 e4m3 128 x 128 or packed FP4 1 x 32, with `*_scale_inv`
+siblings, see trex.trainer.model.quant); loading dequantizes them exactly.
+
+On disk the DeepSeek-V3 layout is the one `DeepseekV3ForCausalLM` checkpoints use: `model.layers.N.self_attn.*`,
 `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (one tensor per expert),
 `model.layers.N.mlp.gate.{weight,e_score_correction_bias}`, `model.layers.N.mlp.shared_experts.*`,
 `model.norm.weight`, `lm_head.weight`. MTP modules are stored as extra layers `model.layers.{L+k}.*`
@@ -33,7 +36,12 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def check_hf_compatible(args: ModelArgs) -> None:
-    """Raise ValueError naming the first field the DeepSeek-V3 HF format cannot represent."""
+    """Raise ValueError naming the first field the model's HF format (V3 for mla, V4 for csa) cannot represent."""
+    if args.attention == "csa":
+        from trex.trainer.hf_v4 import check_v4_compatible
+
+        check_v4_compatible(args)
+        return
     if args.attention != "mla":
         raise ValueError(f"attention={args.attention!r}: the DeepSeek-V3 HF format needs 'mla'")
     if args.scoring != "sigmoid":
@@ -47,9 +55,17 @@ def check_hf_compatible(args: ModelArgs) -> None:
 
 
 def hf_config_from_args(args: ModelArgs, dtype: str = "float32") -> dict[str, Any]:
-    """config.json of a `DeepseekV3ForCausalLM` with our shape. `swiglu_limit` is carried as an
-    extra key (transformers ignores it; a non-zero value clamps experts in our model only)."""
+    """config.json of a `DeepseekV3ForCausalLM` / `DeepseekV4ForCausalLM` with our shape. For V3,
+    `swiglu_limit` is carried as an extra key that transformers ignores: a non-zero value clamps
+    experts in our model only, so exporting one logs a warning."""
     check_hf_compatible(args)
+    if args.attention == "csa":
+        from trex.trainer.hf_v4 import hf_v4_config
+
+        return hf_v4_config(args, dtype)
+    if args.swiglu_limit > 0:
+        log.warning("swiglu_limit=%s: DeepseekV3 in transformers has no SwiGLU clamp, so its logits differ "
+                    "from trex's wherever an expert activation exceeds the limit", args.swiglu_limit)
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
@@ -66,7 +82,7 @@ def hf_config_from_args(args: ModelArgs, dtype: str = "float32") -> dict[str, An
         "routed_scaling_factor": args.routed_scaling_factor,
         "n_group": args.n_groups,
         "topk_group": args.topk_groups,
-        "norm_topk_prob": True,
+        "norm_topk_prob": args.norm_topk_prob,
         "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",
         "first_k_dense_replace": args.n_dense_layers,
@@ -80,7 +96,7 @@ def hf_config_from_args(args: ModelArgs, dtype: str = "float32") -> dict[str, An
         "rms_norm_eps": args.norm_eps,
         "rope_theta": args.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
-        "rope_interleave": True,
+        "rope_interleave": args.rope_interleave,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": False,
@@ -92,9 +108,15 @@ def hf_config_from_args(args: ModelArgs, dtype: str = "float32") -> dict[str, An
 
 
 def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
-    """ModelArgs of a DeepSeek-V3 config.json (sigmoid routing, mla, plain residual)."""
+    """ModelArgs of a DeepSeek-V3 (sigmoid routing, mla, plain residual) or DeepSeek-V4 config.json."""
     from trex.trainer.model.args import ModelArgs
 
+    if cfg.get("model_type") == "deepseek_v4":
+        from trex.trainer.hf_v4 import args_from_v4_config
+
+        return args_from_v4_config(cfg)
+    if cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise ValueError(f"config.json topk_method={cfg.get('topk_method')!r}: only 'noaux_tc' is supported")
     if cfg.get("scoring_func", "sigmoid") != "sigmoid":
         raise ValueError(f"config.json scoring_func={cfg.get('scoring_func')!r}: only 'sigmoid' is supported")
     rope = cfg.get("rope_parameters") or {}
@@ -122,12 +144,14 @@ def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
             n_groups=int(cfg.get("n_group", 1)),
             topk_groups=int(cfg.get("topk_group", 1)),
             routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
             n_hash_layers=0,
             swiglu_limit=float(cfg.get("swiglu_limit", 0.0)),
             hc_mult=1,
             mtp_depth=int(cfg.get("num_nextn_predict_layers", 0)),
             max_seq_len=int(cfg.get("max_position_embeddings", 4096)),
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rope_interleave=bool(cfg.get("rope_interleave", True)),
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         )
     except KeyError as exc:
@@ -137,9 +161,16 @@ def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
 _MTP_RENAME = {"hnorm": "hnorm", "enorm": "enorm", "eh_proj": "eh_proj", "norm": "shared_head.norm"}
 
 
-def to_hf_state_dict(model: DeepSeekModel) -> dict[str, torch.Tensor]:
-    """Our state dict under DeepSeek-V3 HF names, experts unstacked (views, no copies)."""
+def to_hf_state_dict(model: DeepSeekModel, layout: str = "hf") -> dict[str, torch.Tensor]:
+    """Our state dict under the HF names (V3: experts unstacked, views) or, for V4, ``layout`` 'hf' or
+    'original' (DeepSeek's names)."""
     check_hf_compatible(model.args)
+    if model.args.attention == "csa":
+        from trex.trainer.hf_v4 import to_v4_state_dict
+
+        return to_v4_state_dict(model.state_dict(), model.args, original=layout == "original")
+    if layout != "hf":
+        raise ValueError(f"layout={layout!r}: DeepSeek-V3 checkpoints are written with the HF names only")
     n_layers = model.args.num_layers
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
@@ -214,13 +245,26 @@ def from_hf_state_dict(model: DeepSeekModel, hf: dict[str, torch.Tensor]) -> dic
     return ours
 
 
-def save_hf(model: DeepSeekModel, directory: str | os.PathLike[str], max_shard_bytes: int = 5 * 1024**3) -> Path:
-    """Write config.json and safetensors shards (index file when more than one) atomically."""
+QUANT_MODES = ("none", "fp8", "fp8-fp4")
+
+
+def save_hf(model: DeepSeekModel, directory: str | os.PathLike[str], max_shard_bytes: int = 5 * 1024**3,
+            layout: str = "hf", quant: str = "none") -> Path:
+    """Write config.json and safetensors shards (index file when more than one) atomically.
+
+    ``layout``: 'hf' or (V4) 'original' names. ``quant``: 'fp8' stores GEMM weights as block FP8,
+    'fp8-fp4' additionally the routed experts as packed FP4 (V4's release format)."""
     from safetensors.torch import save
 
+    from trex.trainer.quant_io import quantization_config, quantize_tensors
+
+    if quant not in QUANT_MODES:
+        raise ValueError(f"quant={quant!r}: allowed {', '.join(QUANT_MODES)}")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = to_hf_state_dict(model)
+    tensors = to_hf_state_dict(model, layout=layout)
+    if quant != "none":
+        tensors = quantize_tensors(tensors, fp4_experts=quant == "fp8-fp4")
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -244,6 +288,8 @@ def save_hf(model: DeepSeekModel, directory: str | os.PathLike[str], max_shard_b
                  "weight_map": weight_map}
         atomic_write_bytes(out / INDEX_FILE, json.dumps(index, indent=2).encode())
     cfg = hf_config_from_args(model.args, dtype=dtype)
+    if quant != "none":
+        cfg["quantization_config"] = quantization_config(fp4_experts=quant == "fp8-fp4")
     atomic_write_bytes(out / CONFIG_NAME, json.dumps(cfg, indent=2).encode())
     return out
 
@@ -269,11 +315,23 @@ def read_hf_tensors(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor
 
 
 def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> None:
-    """Copy a DeepSeek-V3 HF checkpoint into `model` (shapes must match; missing keys are an error)."""
+    """Copy a DeepSeek-V3 or -V4 checkpoint (HF or, for V4, original names; quantized or not) into
+    `model` (shapes must match; missing keys are an error)."""
+    from trex.trainer.quant_io import dequantize_tensors
+
     check_hf_compatible(model.args)
-    ours = from_hf_state_dict(model, read_hf_tensors(directory))
+    stored = dequantize_tensors(read_hf_tensors(directory))
     state = model.state_dict()
-    missing = sorted(k for k in state if k not in ours and not k.endswith("tid2eid"))
+    if model.args.attention == "csa":
+        from trex.trainer.hf_v4 import from_v4_state_dict
+
+        ours, extra = from_v4_state_dict(stored, model.args, list(state))
+        if extra:
+            raise ValueError(f"V4 checkpoint has tensors the model lacks: {sorted(extra)[:5]}")
+    else:
+        ours = from_hf_state_dict(model, stored)
+    hash_bias = {f"{name}.e_score_correction_bias" for name, g in model.moe_gates() if g.hash_routed}
+    missing = sorted(k for k in state if k not in ours and k not in hash_bias)
     unexpected = sorted(k for k in ours if k not in state)
     absent_mtp = sorted({k.split(".")[1] for k in missing if k.startswith("mtp.")})
     present_mtp = {k.split(".")[1] for k in ours if k.startswith("mtp.")}
@@ -292,6 +350,11 @@ def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> Non
         gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
 
 
+def args_from_hf_dir(directory: str | os.PathLike[str]) -> ModelArgs:
+    """ModelArgs of a checkpoint folder's config.json (V3 or V4, by model_type)."""
+    return args_from_hf_config(json.loads((Path(directory) / CONFIG_NAME).read_text()))
+
+
 def load_hf(directory: str | os.PathLike[str], device: str | None = None,
             dtype: torch.dtype | None = None) -> DeepSeekModel:
     """Build a model from config.json and load its safetensors."""
@@ -299,8 +362,7 @@ def load_hf(directory: str | os.PathLike[str], device: str | None = None,
 
     from trex.trainer.model.model import build_model_from_args
 
-    cfg = json.loads((Path(directory) / CONFIG_NAME).read_text())
-    args = args_from_hf_config(cfg)
+    args = args_from_hf_dir(directory)
     model = build_model_from_args(args, device=device, dtype=dtype or torch.float32)
     load_hf_into(model, directory)
     return model

@@ -443,9 +443,8 @@ class Trainer:
                 parts_sum[k] = parts_sum.get(k, 0.0) + v * weight
         t_compute = time.perf_counter()
         if self.meshes is not None:
-            from trex.trainer.parallel.grads import clip_grads, sum_over_tp
+            from trex.trainer.parallel.grads import clip_grads
 
-            sum_over_tp(self.parallel.tp_partial(), self.meshes.dense["tp"].get_group())
             keys = sorted(set(parts_sum) | {"lm", "mtp", "balance", "indexer", "total"})
             parts_sum = dict(zip(keys, self._sum_over_ranks([parts_sum.get(k, 0.0) for k in keys]), strict=True))
             if counts is None:

@@ -12,9 +12,10 @@ FLOPs convention (label `FLOPS_CONVENTION`), per trained token (forward + backwa
 * Attention: QK^T and AV cost 2 x H x (d_qk + d_v) multiply-adds... i.e. 2 x H x (d_qk + d_v) FLOPs per
   attended key in the forward, x3 for forward + backward; with d_qk = d_v = d this is the familiar
   12 x H x d per key. L_attn = num_layers + mtp_depth.
-* K (attended keys per query): `mla` is causal: K = T/2 (the average over the sequence); `csa`
-  counts only attended keys: K = min(window, T) + min(top_k, T / m).
-* The csa lightning indexer scores every visible compressed entry: C = T / (2 m) on average.
+* K (attended keys per query, averaged over the layers): `mla` is causal: K = T/2 (the average over the
+  sequence); V4 layers count only attended keys: sliding K = min(window, T), csa adds min(top_k, T / m),
+  hca adds T / (2 m') (every past entry). With d_qk = d_v = head_dim for V4's shared key/value head.
+* The lightning indexer of each csa layer scores every visible compressed entry: C = T / (2 m) on average.
 """
 
 from __future__ import annotations
@@ -119,16 +120,37 @@ class ParamBreakdown:
         return self.total - self.routed_experts
 
 
-def _attention_params(v: Mapping[str, Any]) -> int:
+def layer_kinds(v: Mapping[str, Any]) -> list[str]:
+    """Attention kind of every block (trunk, then MTP): mla, or V4's sliding / csa / hca."""
+    from trex.trainer.model_args import default_layer_types
+
+    n, mtp = _i(v, "num_layers"), _i(v, "mtp_depth")
+    if v["attention"] == "mla":
+        return ["mla"] * (n + mtp)
+    given = list(v.get("layer_types") or default_layer_types(n))
+    return (given + ["sliding"] * (n + mtp))[: n + mtp]
+
+
+def _pool_params(d: int, dim: int, every: int, overlap: bool) -> int:
+    width = 2 * dim if overlap else dim
+    return 2 * d * width + every * width + dim
+
+
+def _attention_params(v: Mapping[str, Any], kind: str) -> int:
     d, h = _i(v, "hidden_size"), _i(v, "num_heads")
     nope, rope, vd = _i(v, "qk_nope_head_dim"), _i(v, "qk_rope_head_dim"), _i(v, "v_head_dim")
     ql, kl = _i(v, "q_lora_rank"), _i(v, "kv_lora_rank")
     qk = nope + rope
     q = d * ql + ql + ql * h * qk if ql > 0 else d * h * qk
-    n = q + d * (kl + rope) + kl + kl * h * (nope + vd) + h * vd * d
-    if v["attention"] == "csa":
+    if kind == "mla":
+        return q + d * (kl + rope) + kl + kl * h * (nope + vd) + h * vd * d
+    g, orank = _i(v, "o_groups"), _i(v, "o_lora_rank")
+    n = q + d * qk + qk + h * qk * orank + g * orank * d + h
+    if kind == "hca":
+        n += _pool_params(d, qk, _i(v, "hca_compress_every"), overlap=False)
+    if kind == "csa":
         ih, idim, m = _i(v, "csa_indexer_heads"), _i(v, "csa_indexer_dim"), _i(v, "csa_compress_every")
-        n += qk + kl + m + kl + d * ih * idim + d * ih + kl * idim
+        n += _pool_params(d, qk, m, overlap=True) + _pool_params(d, idim, m, overlap=True) + ql * ih * idim + d * ih
     return n
 
 
@@ -156,7 +178,7 @@ def param_breakdown(v: Mapping[str, Any]) -> ParamBreakdown:
     return ParamBreakdown(
         embedding=vocab * d,
         head=vocab * d,
-        attention=attn_layers * _attention_params(v),
+        attention=sum(_attention_params(v, kind) for kind in layer_kinds(v)),
         dense_ffn=dense_layers * 3 * d * _i(v, "intermediate_size"),
         routed_experts=moe_layers * e * expert,
         shared_and_router=moe_layers * (e * d + 3 * d * mi * ns),
@@ -166,12 +188,20 @@ def param_breakdown(v: Mapping[str, Any]) -> ParamBreakdown:
     )
 
 
-def attended_keys(v: Mapping[str, Any], seq_len: int) -> float:
-    """Average keys one query attends to (see the module docstring)."""
-    if v["attention"] == "csa":
-        m = _i(v, "csa_compress_every")
-        return min(_i(v, "csa_window"), seq_len) + min(_i(v, "csa_top_k"), seq_len / m)
-    return seq_len / 2
+def attended_keys(v: Mapping[str, Any], seq_len: int, kind: str | None = None) -> float:
+    """Average keys one query attends to in a layer of `kind` (default: averaged over the model's
+    layers; see the module docstring)."""
+    if kind is None:
+        kinds = layer_kinds(v)
+        return sum(attended_keys(v, seq_len, k) for k in kinds) / len(kinds)
+    if kind == "mla":
+        return seq_len / 2
+    keys = float(min(_i(v, "csa_window"), seq_len))
+    if kind == "csa":
+        keys += min(_i(v, "csa_top_k"), seq_len / _i(v, "csa_compress_every"))
+    if kind == "hca":
+        keys += seq_len / (2 * _i(v, "hca_compress_every"))
+    return keys
 
 
 def flops_per_token(v: Mapping[str, Any], seq_len: int) -> float:
@@ -182,9 +212,9 @@ def flops_per_token(v: Mapping[str, Any], seq_len: int) -> float:
     dqk = _i(v, "qk_nope_head_dim") + _i(v, "qk_rope_head_dim")
     flops = 6.0 * (p.active_non_embedding + _i(v, "mtp_depth") * p.head)
     flops += 6.0 * attn_layers * h * (dqk + _i(v, "v_head_dim")) * attended_keys(v, seq_len)
-    if v["attention"] == "csa":
-        flops += (6.0 * attn_layers * _i(v, "csa_indexer_heads") * _i(v, "csa_indexer_dim")
-                  * seq_len / (2 * _i(v, "csa_compress_every")))
+    n_csa = layer_kinds(v).count("csa")
+    flops += (6.0 * n_csa * _i(v, "csa_indexer_heads") * _i(v, "csa_indexer_dim")
+              * seq_len / (2 * _i(v, "csa_compress_every")))
     return flops
 
 

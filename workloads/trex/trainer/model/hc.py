@@ -1,98 +1,106 @@
-"""Manifold-constrained hyper-connections (mHC): `n` residual streams mixed by a doubly-stochastic matrix.
+"""Manifold-constrained hyper-connections (mHC) as DeepSeek-V4 releases them: `n` residual streams.
 
-Per sublayer, from the RMS-normalised flattened streams x~ (1 x nD):
-  H_pre  = sigmoid(a_pre  * x~ phi_pre  + b_pre)        (1 x n)  reads the sublayer input
-  H_post = 2 sigmoid(a_post * x~ phi_post + b_post)     (1 x n)  writes the sublayer output
-  H_res  = Sinkhorn(a_res * mat(x~ phi_res) + b_res)    (n x n)  mixes the streams, doubly stochastic
-  x' = H_res x + H_post^T F(H_pre x)
-phi are the dynamic projections (GEMM weights), a and b the static gates/biases.
+Per sublayer, from the RMS-normalised flattened streams x~ (1 x nD) and one projection `fn`:
+  [p_pre, p_post, p_res] = x~ fn^T + base-free logits, split n / n / n x n
+  H_pre  = sigmoid(s_pre  p_pre  + b_pre) + eps           reads the sublayer input sum_i H_pre[i] x_i
+  H_post = 2 sigmoid(s_post p_post + b_post)              writes the sublayer output to every stream
+  H_res  = Sinkhorn(softmax_rows(s_res p_res + b_res) + eps)   doubly stochastic
+  x'_i = H_post[i] F(.) + sum_j H_res[j, i] x_j
+`fn` is the GEMM weight; `base` (b_pre, b_post, b_res) and `scale` (s_pre, s_post, s_res) are static.
+Everything here runs in (at least) fp32, as released.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from trex.trainer.model.layers import upcast
+from trex.trainer.model.layers import unit_rms, upcast
 
 
-def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
-    """Sinkhorn-Knopp on exp(logits) [..., n, n]: alternate row and column normalisation."""
-    m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))
-    for _ in range(iters):
-        m = m / m.sum(-1, keepdim=True)
-        m = m / m.sum(-2, keepdim=True)
+def sinkhorn(logits: torch.Tensor, iters: int, eps: float = 1e-6) -> torch.Tensor:
+    """V4's projection of [..., n, n] logits onto doubly-stochastic matrices: row softmax + eps, then a
+    column normalisation and (iters - 1) row/column rounds, each denominator floored by eps."""
+    m = torch.softmax(logits, dim=-1) + eps
+    m = m / (m.sum(-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        m = m / (m.sum(-1, keepdim=True) + eps)
+        m = m / (m.sum(-2, keepdim=True) + eps)
     return m
 
 
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = upcast(x)
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+def _log_n_minus_1(n: int) -> float:
+    return float(torch.log(torch.tensor(float(max(n - 1, 1)))))
 
 
 class HyperConnection(nn.Module):
-    """One sublayer's mHC mapping over `n` streams of width `dim`."""
+    """One sublayer's mHC mapping over `n` streams of width `dim` (HF names: fn, base, scale)."""
 
-    def __init__(self, n: int, dim: int, sinkhorn_iters: int, eps: float = 1e-6) -> None:
+    def __init__(self, n: int, dim: int, sinkhorn_iters: int, eps: float = 1e-6, hc_eps: float = 1e-6) -> None:
         super().__init__()
         self.n = n
         self.iters = sinkhorn_iters
         self.eps = eps
-        self.phi = nn.Linear(n * dim, 2 * n + n * n, bias=False)
-        self.alpha = nn.Parameter(torch.empty(3))
-        self.b_pre = nn.Parameter(torch.empty(n))
-        self.b_post = nn.Parameter(torch.empty(n))
-        self.b_res = nn.Parameter(torch.empty(n, n))
+        self.hc_eps = hc_eps
+        self.fn = nn.Parameter(torch.empty((2 + n) * n, n * dim))
+        self.base = nn.Parameter(torch.empty((2 + n) * n))
+        self.scale = nn.Parameter(torch.empty(3))
 
     @torch.no_grad()
     def reset_static(self) -> None:
-        """Start near a plain residual: H_pre = 1/n, H_post = 1, H_res diagonal-heavy (0.71 on the
-        diagonal for n = 4; a heavier diagonal slows Sinkhorn convergence)."""
-        self.alpha.fill_(0.01)
-        self.b_pre.fill_(-float(torch.log(torch.tensor(float(max(self.n - 1, 1))))))
-        self.b_post.zero_()
-        self.b_res.copy_(torch.eye(self.n, device=self.b_res.device) * 2.0)
+        """Start near a plain residual: H_pre ~ 1/n, H_post ~ 1, H_res diagonal-heavy."""
+        n = self.n
+        self.scale.fill_(0.01)
+        b_pre, b_post, b_res = torch.split(self.base, [n, n, n * n])
+        b_pre.fill_(-_log_n_minus_1(n))
+        b_post.zero_()
+        b_res.copy_((torch.eye(n, device=self.base.device) * 2.0).flatten())
 
     def mappings(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B, T, n, D] -> (H_pre [B, T, n], H_post [B, T, n], H_res [B, T, n, n]) in fp32."""
-        b, t, n, d = x.shape
-        proj = upcast(self.phi(_rms(x.reshape(b, t, n * d), self.eps).to(x.dtype)))
-        p_pre, p_post, p_res = proj.split([n, n, n * n], dim=-1)
-        a = upcast(self.alpha)
-        h_pre = torch.sigmoid(a[0] * p_pre + upcast(self.b_pre))
-        h_post = 2 * torch.sigmoid(a[1] * p_post + upcast(self.b_post))
-        h_res = sinkhorn(a[2] * p_res.view(b, t, n, n) + upcast(self.b_res), self.iters)
+        """x [B, T, n, D] -> (H_pre [B, T, n], H_post [B, T, n], H_res [B, T, n, n]) in >= fp32."""
+        b, t, n, _ = x.shape
+        flat = unit_rms(upcast(x.reshape(b, t, -1)), self.eps)
+        proj = F.linear(flat, self.fn.to(flat.dtype))
+        p_pre, p_post, p_res = torch.split(proj, [n, n, n * n], dim=-1)
+        b_pre, b_post, b_res = torch.split(self.base.to(flat.dtype), [n, n, n * n])
+        s = self.scale.to(flat.dtype)
+        h_pre = torch.sigmoid(p_pre * s[0] + b_pre) + self.hc_eps
+        h_post = 2 * torch.sigmoid(p_post * s[1] + b_post)
+        h_res = sinkhorn(p_res.view(b, t, n, n) * s[2] + b_res.view(n, n), self.iters, self.hc_eps)
         return h_pre, h_post, h_res
 
     def read(self, x: torch.Tensor, h_pre: torch.Tensor) -> torch.Tensor:
-        """Sublayer input sum_i H_pre[i] x_i: [B, T, D]."""
-        return torch.einsum("btn,btnd->btd", h_pre.to(x.dtype), x)
+        """Sublayer input sum_i H_pre[i] x_i: [B, T, D] (summed in >= fp32)."""
+        return (h_pre[..., None] * x).sum(dim=2).to(x.dtype)
 
     def write(self, x: torch.Tensor, y: torch.Tensor, h_post: torch.Tensor, h_res: torch.Tensor) -> torch.Tensor:
-        """New streams H_res x + H_post^T y: [B, T, n, D]."""
-        mixed = torch.einsum("btij,btjd->btid", h_res.to(x.dtype), x)
-        return mixed + h_post.to(x.dtype)[..., None] * y[:, :, None, :]
+        """New streams x'_i = H_post[i] y + sum_j H_res[j, i] x_j: [B, T, n, D]."""
+        mixed = torch.matmul(h_res.to(x.dtype).transpose(-1, -2), x)
+        return h_post.to(x.dtype)[..., None] * y[:, :, None, :] + mixed
 
 
 class HyperHead(nn.Module):
-    """Collapse the n streams into one hidden state: sum_i sigmoid(a x~ phi + b)_i x_i."""
+    """Collapse the n streams into one hidden state: sum_i (sigmoid(s x~ fn + b)_i + eps) x_i."""
 
-    def __init__(self, n: int, dim: int, eps: float = 1e-6) -> None:
+    def __init__(self, n: int, dim: int, eps: float = 1e-6, hc_eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
-        self.phi = nn.Linear(n * dim, n, bias=False)
-        self.alpha = nn.Parameter(torch.empty(1))
-        self.bias = nn.Parameter(torch.empty(n))
+        self.hc_eps = hc_eps
+        self.fn = nn.Parameter(torch.empty(n, n * dim))
+        self.base = nn.Parameter(torch.empty(n))
+        self.scale = nn.Parameter(torch.empty(1))
         self.n = n
 
     @torch.no_grad()
     def reset_static(self) -> None:
         """Start as the mean of the streams."""
-        self.alpha.fill_(0.01)
-        self.bias.fill_(-float(torch.log(torch.tensor(float(max(self.n - 1, 1))))))
+        self.scale.fill_(0.01)
+        self.base.fill_(-_log_n_minus_1(self.n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, n, d = x.shape
-        proj = upcast(self.phi(_rms(x.reshape(b, t, n * d), self.eps).to(x.dtype)))
-        w = torch.sigmoid(upcast(self.alpha) * proj + upcast(self.bias))
-        return torch.einsum("btn,btnd->btd", w.to(x.dtype), x)
+        b, t, _, _ = x.shape
+        flat = unit_rms(upcast(x.reshape(b, t, -1)), self.eps)
+        w = torch.sigmoid(F.linear(flat, self.fn.to(flat.dtype)) * self.scale.to(flat.dtype)
+                          + self.base.to(flat.dtype)) + self.hc_eps
+        return (w[..., None] * x).sum(dim=2).to(x.dtype)

@@ -15,16 +15,21 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in fp32 for numerically sensitive steps, or unchanged when it is already fp64 (reference runs)."""
+    """x in at least fp32 (float64 stays float64, so a float64 model is float64 end to end)."""
     return x if x.dtype == torch.float64 else x.float()
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm with a learned scale; computed in fp32 like DeepSeek-V3."""
+    """Root-mean-square norm with a learned scale, computed in (at least) fp32.
 
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    ``scale_in_fp32`` (DeepSeek-V4) multiplies by the scale before casting back; otherwise the
+    normalised value is cast first (DeepSeek-V3). The two agree whenever the input is fp32 or wider.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, scale_in_fp32: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.scale_in_fp32 = scale_in_fp32
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +39,14 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         h = upcast(x)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.scale_in_fp32:
+            return (self.weight * h).to(dtype)
         return self.weight * h.to(dtype)
+
+
+def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS normalisation without a scale (V4's query heads and mHC inputs), statistics in >= fp32."""
+    return x * torch.rsqrt(upcast(x).square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 def rope_inv_freq(dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
@@ -42,37 +54,60 @@ def rope_inv_freq(dim: int, theta: float, device: torch.device | None = None) ->
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
 
 
-def rope_cos_sin(position_ids: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [B, T, dim/2] for integer positions (computed per call: no 1M-token tables)."""
-    inv = rope_inv_freq(dim, theta, position_ids.device)
-    ang = position_ids.float()[..., None] * inv
+def rope_cos_sin(position_ids: torch.Tensor, dim: int, theta: float,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, T, dim/2] for integer positions (computed per call: no 1M-token tables). The
+    frequencies are fp32 (as released); angles are formed in ``dtype`` (float64 for a float64 model)."""
+    inv = rope_inv_freq(dim, theta, position_ids.device).to(dtype)
+    ang = position_ids.to(dtype)[..., None] * inv
     return ang.cos(), ang.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x0, x1), (x2, x3), ... as DeepSeek-V3 does (complex multiply).
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool = True) -> torch.Tensor:
+    """Rotate interleaved pairs (x0, x1), (x2, x3), ... as DeepSeek does (complex multiply), or with
+    ``interleave=False`` the pairs (x_i, x_{i+D/2}) (transformers' rotate_half layout).
 
     x: [B, T, H, D] (or [B, T, D] with cos/sin broadcast); cos/sin: [B, T, D/2].
     """
     if x.dim() == 4:
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     xf = upcast(x)
+    if not interleave:
+        x1, x2 = xf.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
     x1, x2 = xf[..., 0::2], xf[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
     return out.to(x.dtype)
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); HF DeepSeek-V3 names."""
+def apply_rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rope on the trailing 2 * cos.shape[-1] channels of x (V4's [nope | rope] heads)."""
+    rope = 2 * cos.shape[-1]
+    nope, tail = torch.split(x, [x.shape[-1] - rope, rope], dim=-1)
+    return torch.cat([nope, apply_rope(tail, cos, sin)], dim=-1)
 
-    def __init__(self, dim: int, hidden: int) -> None:
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu(gate) * up with the V4 clamp: gate capped at `limit`, up clamped to [-limit, limit] (0 = off)."""
+    if limit > 0:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(swiglu(gate(x), up(x))); HF DeepSeek-V3 names. ``limit`` > 0 clamps
+    like DeepSeek-V4's shared experts."""
+
+    def __init__(self, dim: int, hidden: int, limit: float = 0.0) -> None:
         super().__init__()
+        self.limit = limit
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.limit))
         return out
 
 

@@ -23,10 +23,11 @@ def _valid(labels: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor
 
 
 def masked_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted mean cross-entropy (fp32) over positions with weight > 0; 0 when there are none."""
+    """Weighted mean cross-entropy (>= fp32: a float64 model keeps float64) over positions with weight > 0;
+    0 when there are none."""
     ce = F.cross_entropy(upcast(logits).reshape(-1, logits.shape[-1]), targets.clamp(min=0).reshape(-1),
                          reduction="none")
-    w = weights.reshape(-1)
+    w = weights.reshape(-1).to(ce.dtype)
     return (ce * w).sum() / w.sum().clamp(min=1e-12)
 
 
@@ -58,13 +59,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             g_all = hc.new_empty((n, vocab)) if keep else None
             grad_h = torch.empty_like(hc) if need else None
             grad_w = (None if not need or keep else
-                      torch.zeros(weight.shape, dtype=torch.promote_types(hc.dtype, torch.float32),
-                                  device=weight.device))
+                      torch.zeros(weight.shape, dtype=torch.float32, device=weight.device))
             # Buffers reused by every chunk: the GEMM's output, and its fp32 copy when the GEMM is not fp32.
             zb = hc.new_empty((rows, vocab))
-            acc = torch.float64 if hc.dtype == torch.float64 else torch.float32
-            zf = zb if zb.dtype == acc else torch.empty((rows, vocab), dtype=acc, device=h.device)
-            total = torch.zeros((), dtype=acc, device=h.device)
+            zf = zb if zb.dtype == torch.float32 else torch.empty((rows, vocab), dtype=torch.float32,
+                                                                  device=h.device)
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
             for s in range(0, n, rows):
                 e = min(n, s + rows)
                 z = zf[:e - s]
@@ -109,7 +109,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     [N, V] logits kept. Runs the GEMMs in the autocast dtype when autocast is on, softmax in fp32."""
     kind = hidden.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
-    w = weights.reshape(-1).to(torch.float64 if dtype == torch.float64 else torch.float32)
+    w = weights.reshape(-1).float()
     w = w / w.sum().clamp(min=1e-12)
     loss: torch.Tensor = _LinearCrossEntropy.apply(  # type: ignore[no-untyped-call]
         hidden.reshape(-1, hidden.shape[-1]), weight, targets.clamp(min=0).reshape(-1), w, dtype)
@@ -170,9 +170,10 @@ def compute_loss(out: ModelOutput, labels: torch.Tensor, loss_mask: torch.Tensor
             tgt, w = mtp_targets(labels, loss_mask, out.doc_ids, k + 1)
             terms.append(_ce(out, k, tgt, w))
         mtp = torch.stack(terms).mean()
-    w_mtp = routing.mtp_loss_weight if step < routing.mtp_weight_drop_step else routing.mtp_loss_weight_late
-    balance = upcast(out.balance_loss)
-    indexer = upcast(out.indexer_loss)
+    drop = routing.mtp_weight_drop_step  # resolved from the LR schedule by TrainerConfig; None = never
+    w_mtp = routing.mtp_loss_weight_late if drop is not None and step >= drop else routing.mtp_loss_weight
+    balance = out.balance_loss.float()
+    indexer = out.indexer_loss.float()
     total = lm + w_mtp * mtp + routing.sequence_balance_weight * balance + indexer
     parts = {
         "lm": float(lm.detach()),

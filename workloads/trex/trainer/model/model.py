@@ -13,6 +13,7 @@ from trex.trainer.model.attention import AttnContext, build_attention
 from trex.trainer.model.hc import HyperConnection, HyperHead
 from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin, upcast
 from trex.trainer.model.moe import Gate, GroupedExperts, MoE
+from trex.trainer.model.v4attention import Pool, V4Attention
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -77,17 +78,18 @@ class Block(nn.Module):
     def __init__(self, args: ModelArgs, moe: bool, hash_routed: bool = False, seed: int = 0,
                  layer: int = 0) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
-        self.self_attn = build_attention(args)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
+        v4 = args.attention == "csa"
+        self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps, scale_in_fp32=v4)
+        self.self_attn = build_attention(args, layer)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps, scale_in_fp32=v4)
         self.mlp: MoE | MLP = (
             MoE(args, hash_routed=hash_routed, seed=seed, layer=layer) if moe
             else MLP(args.hidden_size, args.intermediate_size)
         )
         self.hc = args.hc_mult
         if self.hc > 1:
-            self.hc_attn = HyperConnection(self.hc, args.hidden_size, args.sinkhorn_iters, args.norm_eps)
-            self.hc_ffn = HyperConnection(self.hc, args.hidden_size, args.sinkhorn_iters, args.norm_eps)
+            self.hc_attn = HyperConnection(self.hc, args.hidden_size, args.sinkhorn_iters, args.norm_eps, args.hc_eps)
+            self.hc_ffn = HyperConnection(self.hc, args.hidden_size, args.sinkhorn_iters, args.norm_eps, args.hc_eps)
 
     def _ffn(self, h: torch.Tensor, token_ids: torch.Tensor, acc: _Acc) -> torch.Tensor:
         y: torch.Tensor
@@ -137,8 +139,8 @@ class MTPModule(nn.Module):
         self.enorm = RMSNorm(d, args.norm_eps)
         self.eh_proj = nn.Linear(2 * d, d, bias=False)
         self.block = Block(args, moe=True, seed=seed, layer=layer)
-        self.hc_head = HyperHead(args.hc_mult, d, args.norm_eps) if args.hc_mult > 1 else None
-        self.norm = RMSNorm(d, args.norm_eps)
+        self.hc_head = HyperHead(args.hc_mult, d, args.norm_eps, args.hc_eps) if args.hc_mult > 1 else None
+        self.norm = RMSNorm(d, args.norm_eps, scale_in_fp32=args.attention == "csa")
 
     def forward(self, h: torch.Tensor, emb: torch.Tensor, ctx: AttnContext, token_ids: torch.Tensor,
                 acc: _Acc) -> torch.Tensor:
@@ -163,8 +165,8 @@ class DeepSeekModel(nn.Module):
             moe_index = i - args.n_dense_layers
             self.layers.append(Block(args, moe=moe_index >= 0, hash_routed=0 <= moe_index < args.n_hash_layers,
                                      seed=seed, layer=i))
-        self.hc_head = HyperHead(args.hc_mult, d, args.norm_eps) if args.hc_mult > 1 else None
-        self.norm = RMSNorm(d, args.norm_eps)
+        self.hc_head = HyperHead(args.hc_mult, d, args.norm_eps, args.hc_eps) if args.hc_mult > 1 else None
+        self.norm = RMSNorm(d, args.norm_eps, scale_in_fp32=args.attention == "csa")
         self.lm_head = nn.Linear(d, args.vocab_size, bias=False)
         self.mtp = nn.ModuleList(MTPModule(args, seed, args.num_layers + k) for k in range(args.mtp_depth))
 
@@ -187,11 +189,12 @@ class DeepSeekModel(nn.Module):
             elif isinstance(mod, RMSNorm):
                 mod.weight.fill_(1.0)
             elif isinstance(mod, HyperConnection | HyperHead):
+                mod.fn.normal_(0.0, std, generator=gen)
                 mod.reset_static()
-        for mod in self.modules():
-            bias = getattr(mod, "compress_pos_bias", None)
-            if isinstance(bias, nn.Parameter):
-                bias.zero_()
+            elif isinstance(mod, V4Attention):
+                mod.sinks.zero_()
+            elif isinstance(mod, Pool):
+                mod.position_bias.zero_()
 
     # --- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -204,10 +207,12 @@ class DeepSeekModel(nn.Module):
         if position_ids is None:
             position_ids = (positions_from_docs(doc_ids) if doc_ids is not None
                             else torch.arange(t, device=input_ids.device).expand(b, t))
-        cos, sin = rope_cos_sin(position_ids, self.args.qk_rope_head_dim, self.args.rope_theta)
+        rope_dtype = torch.float64 if self.embed_tokens.weight.dtype == torch.float64 else torch.float32
+        cos, sin = rope_cos_sin(position_ids, self.args.qk_rope_head_dim, self.args.rope_theta, dtype=rope_dtype)
         mask = (causal_doc_mask(doc_ids, b, t, input_ids.device)
                 if doc_ids is not None and self.args.attention == "mla" else None)
         ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask)
+        ctx.ropes[(self.args.rope_theta, self.args.qk_rope_head_dim)] = (cos, sin)
         acc = _Acc()
         n = self.args.hc_mult
         x = _to_streams(self.embed_tokens(input_ids), n)
@@ -261,7 +266,8 @@ class DeepSeekModel(nn.Module):
 
     def param_roles(self) -> dict[str, Role]:
         """Optimizer of every trainable parameter: GEMM weights (2-D, stacked 3-D experts, routers,
-        mHC projections) -> muon; embedding, output head, norms, mHC static gates/biases, 1-D -> adamw."""
+        mHC projections) -> muon; embedding, output head, norms, mHC static gates/biases, attention
+        sinks, compressor position biases, 1-D -> adamw."""
         roles: dict[str, Role] = {}
         for mod_name, mod in self.named_modules():
             for p_name, p in mod.named_parameters(recurse=False):
@@ -272,6 +278,7 @@ class DeepSeekModel(nn.Module):
                     (isinstance(mod, nn.Linear) and mod is not self.lm_head)
                     or isinstance(mod, GroupedExperts)
                     or (isinstance(mod, Gate) and p_name == "weight")
+                    or (isinstance(mod, HyperConnection | HyperHead) and p_name == "fn")
                 )
                 roles[full] = "muon" if muon and p.dim() >= 2 else "adamw"
         return roles

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.layers import MLP, local_tensor, upcast
+from trex.trainer.model.layers import MLP, local_tensor, swiglu, upcast
 
 
 def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
@@ -70,6 +70,7 @@ class Gate(nn.Module):
         self.n_groups = args.n_groups
         self.topk_groups = args.topk_groups
         self.scale = args.routed_scaling_factor
+        self.norm_topk_prob = args.norm_topk_prob
         self.hash_routed = hash_routed
         self.weight = nn.Parameter(torch.empty(self.n_experts, args.hidden_size))
         self.register_buffer("e_score_correction_bias", torch.zeros(self.n_experts, dtype=torch.float32))
@@ -84,25 +85,27 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, D], token_ids [N] -> (weights [N, k], indices [N, k], scores [N, E])."""
-        scores = router_scores(F.linear(upcast(x), upcast(self.weight)), self.scoring)
+        xf = upcast(x)
+        scores = router_scores(F.linear(xf, self.weight.to(xf.dtype)), self.scoring)
         with torch.no_grad():
             if self.hash_routed:
-                indices = self.tid2eid[token_ids]
+                indices = self.tid2eid[token_ids].long()
             else:
                 choice = scores
                 if self.anticipatory_weight is not None:
-                    old = self.anticipatory_weight.to(device=x.device, dtype=scores.dtype)
-                    choice = router_scores(F.linear(upcast(x), old), self.scoring)
+                    old = self.anticipatory_weight.to(device=x.device, dtype=xf.dtype)
+                    choice = router_scores(F.linear(xf, old), self.scoring)
                 indices = select_experts(choice + self.e_score_correction_bias, self.k, self.n_groups, self.topk_groups)
         w = scores.gather(1, indices)
-        w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.scale
-        return w, indices, scores
+        if self.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        return w * self.scale, indices, scores
 
 
 def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     """torch._grouped_mm needs 16-byte aligned rows; on CUDA it runs bf16 on sm90+ (H100/H200); eager only."""
-    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype or x.dtype not in (torch.float32, torch.bfloat16):
-        return False  # float64 (the parity references) takes the per-expert loop
+    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype or x.dtype == torch.float64:
+        return False  # no float64 kernel: the per-expert loop keeps a float64 model float64
     if torch.compiler.is_compiling():
         return False  # the CPU fp32 _grouped_mm kernel has no meta/fake implementation to trace
     size = x.element_size()
@@ -139,14 +142,6 @@ def grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> to
     if not outs:  # no rows: an empty product that still carries the autograd graph to x and w
         return x[:0] @ w[0].t()
     return torch.cat(outs)
-
-
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """silu(gate) * up with the V4 clamp: gate capped at `limit`, up clamped to [-limit, limit] (0 = off)."""
-    if limit > 0:
-        gate = gate.clamp(max=limit)
-        up = up.clamp(min=-limit, max=limit)
-    return F.silu(gate) * up
 
 
 CPU_GROUP_ROWS = 32
@@ -186,10 +181,21 @@ class GroupedExperts(nn.Module):
         e, d, i = args.n_routed_experts, args.hidden_size, args.moe_intermediate_size
         self.n_experts = e
         self.limit = args.swiglu_limit
+        self.qat = args.qat == "fp4-experts"
         self.gate_proj = nn.Parameter(torch.empty(e, i, d))
         self.up_proj = nn.Parameter(torch.empty(e, i, d))
         self.down_proj = nn.Parameter(torch.empty(e, d, i))
         self.dispatch: Dispatch | None = None
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate, up, down) as the GEMMs read them: this rank's experts of the parameters, or their FP4
+        fake-quantized forms (straight-through gradients) under ``qat: fp4-experts``."""
+        gate, up, down = (local_tensor(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
+        if not self.qat:
+            return gate, up, down
+        from trex.trainer.model.quant import fp4_fake_quant
+
+        return fp4_fake_quant(gate), fp4_fake_quant(up), fp4_fake_quant(down)
 
     def forward(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, D], indices/weights [N, k] -> sum_k weights * expert_k(x): [N, D]."""
@@ -208,7 +214,7 @@ class GroupedExperts(nn.Module):
 
     def compute(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """SwiGLU experts on rows sorted by (local) expert, ``counts[e]`` rows for local expert e."""
-        gate_w, up_w, down_w = (local_tensor(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
+        gate_w, up_w, down_w = self.weights()
         if xs.dtype != gate_w.dtype:  # under autocast: cast the weights like autocast casts F.linear's
             gate_w, up_w, down_w = gate_w.to(xs.dtype), up_w.to(xs.dtype), down_w.to(xs.dtype)
         keep = None
@@ -229,7 +235,8 @@ class MoE(nn.Module):
         self.gate = Gate(args, hash_routed=hash_routed, seed=seed, layer=layer)
         self.experts = GroupedExperts(args)
         self.shared_experts = (
-            MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts)
+            MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts,
+                limit=args.swiglu_limit if args.attention == "csa" else 0.0)
             if args.n_shared_experts > 0 else None
         )
 

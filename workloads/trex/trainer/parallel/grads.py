@@ -1,5 +1,4 @@
-"""Gradient work after the backward pass on distributed parameters: sums the tp-partial ones, the global norm
-over every shard, clipping."""
+"""Gradient norm and clipping over distributed parameters: the global norm over every shard."""
 
 from __future__ import annotations
 
@@ -9,15 +8,6 @@ from typing import Any
 import torch
 
 from trex.trainer.model.layers import local_tensor
-
-
-def sum_over_tp(params: Sequence[torch.Tensor], group: Any) -> None:
-    """All-reduce the local gradient shard of parameters whose gradient each tp rank holds in part."""
-    import torch.distributed as dist
-
-    for p in params:
-        if p.grad is not None:
-            dist.all_reduce(local_tensor(p.grad), group=group)
 
 
 def global_grad_norm(params: Sequence[torch.Tensor]) -> float:

@@ -3,8 +3,11 @@ then FSDP2. The model code knows none of this; everything here is torch.distribu
 (parallelize_module, distribute_tensor, fully_shard, DTensor redistribution) plus the token dispatcher.
 
 What runs where (see docs/ARCHITECTURE.md, "Parallel trainer"):
-- attention: heads split over tp (q/kv_b column-parallel, o row-parallel); the latent projections, norms,
-  the CSA compressor and indexer are replicated over tp (the indexer's head-mean target is averaged over tp);
+- attention: query heads split over tp. MLA: q/kv_b column-parallel, o row-parallel, the latent
+  projections and norms replicated. DeepSeek-V4: q_b column-parallel, sinks and output groups split
+  (o_a rows, o_b row-parallel), the shared key/value head, compressor and indexer replicated. Tensors
+  shared by every head (MLA's rotary key, V4's key/value entries) sum their gradients over tp; the
+  indexer's head-mean target is averaged over tp;
 - dense FFNs: gate/up column-parallel, down row-parallel;
 - MoE layers: each tp rank takes 1/tp of the micro-batch's sequences (the inputs are replicated over tp),
   so inside an MoE layer every rank of the world holds different tokens; the outputs are all-gathered back
@@ -23,10 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trex.trainer.model.attention import CSAttention, MLAttention
+from trex.trainer.model.attention import MLAttention
 from trex.trainer.model.layers import MLP
 from trex.trainer.model.model import Block, DeepSeekModel, MTPModule
 from trex.trainer.model.moe import MoE
+from trex.trainer.model.v4attention import V4Attention
 from trex.trainer.parallel.expert import ExpertDispatch
 from trex.trainer.parallel.mesh import Meshes, ParallelDims
 
@@ -35,13 +39,8 @@ from trex.trainer.parallel.mesh import Meshes, ParallelDims
 class Parallelized:
     """What the loop needs to know about the distributed model."""
 
-    tp_partial_modules: list[nn.Module] = field(default_factory=list)
-    """Modules whose ``weight`` is replicated over tp while each tp rank sees only part of its gradient."""
     dispatchers: list[ExpertDispatch] = field(default_factory=list)
-
-    def tp_partial(self) -> list[torch.Tensor]:
-        """Those weights as the module holds them now (FSDP2 swaps in sharded parameters)."""
-        return [mod.weight for mod in self.tp_partial_modules]
+    """The token dispatcher of every MoE layer (their a2a_bytes count the all-to-all traffic)."""
 
 
 def blocks(model: DeepSeekModel) -> list[Block]:
@@ -66,26 +65,19 @@ def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, par
 # --- tensor parallelism ------------------------------------------------------------------------------
 def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, info: Parallelized) -> None:
     """Heads of every attention and the hidden dim of every dense FFN over tp; MoE layers split the batch."""
-    import torch.distributed as dist
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     tp_mesh = meshes.dense["tp"]
-    tp_group = tp_mesh.get_group()
     for block in blocks(model):
         attn = block.self_attn
-        assert isinstance(attn, MLAttention)
-        q = "q_b_proj" if attn.q_lora_rank > 0 else "q_proj"
-        parallelize_module(attn, tp_mesh, {q: ColwiseParallel(), "kv_b_proj": ColwiseParallel(),
-                                           "o_proj": RowwiseParallel()})
-        share_rope_key(attn, tp_mesh)
-        if isinstance(attn, CSAttention):
-            def head_mean(p: torch.Tensor, group: Any = tp_group, n: int = dims.tp) -> torch.Tensor:
-                p = p.clone()
-                dist.all_reduce(p, group=group)
-                return p / n
-
-            attn.head_mean = head_mean
-            info.tp_partial_modules.append(attn.q_norm)  # per-head norm: each rank sees its heads only
+        if isinstance(attn, V4Attention):
+            tensor_parallel_v4(attn, tp_mesh, dims.tp)
+        else:
+            assert isinstance(attn, MLAttention)
+            q = "q_b_proj" if attn.q_lora_rank > 0 else "q_proj"
+            parallelize_module(attn, tp_mesh, {q: ColwiseParallel(), "kv_b_proj": ColwiseParallel(),
+                                               "o_proj": RowwiseParallel()})
+            share_rope_key(attn, tp_mesh)
         if isinstance(block.mlp, MLP):
             parallelize_module(block.mlp, tp_mesh, {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(),
                                                     "down_proj": RowwiseParallel()})
@@ -93,18 +85,48 @@ def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Mesh
             split_moe_batch(block.mlp, tp_mesh, dims.tp)
 
 
-def share_rope_key(attn: MLAttention, tp_mesh: Any) -> None:
-    """The rotary key is one vector shared by every head: under tp each rank's heads give only part of its
-    gradient, so where it meets the per-head keys it passes an identity whose backward sums over tp (the
-    latent part needs nothing: kv_b_proj's column-parallel input already sums its gradient)."""
+def _shared_over_tp(t: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
+    """Identity whose backward sums the gradient over tp: for a replicated tensor that every rank's heads
+    (a part of all heads) read, so each rank holds part of its gradient."""
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
+    return DTensor.from_local(t, tp_mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+
+
+def tensor_parallel_v4(attn: V4Attention, tp_mesh: Any, tp: int) -> None:
+    """DeepSeek-V4 attention over tp: query heads (q_b_proj column-parallel), their sinks and output
+    groups (o_a_proj rows, o_b_proj row-parallel) split; the one shared key/value head, the compressor and
+    the indexer replicated, with the shared key/value entries' gradients summed over tp and the indexer's
+    head-mean target averaged over tp."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(attn, tp_mesh, {"q_b_proj": ColwiseParallel(), "o_b_proj": RowwiseParallel()})
+    for mod, name in ((attn.o_a_proj, "weight"), (attn, "sinks")):
+        full = getattr(mod, name).data
+        setattr(mod, name, nn.Parameter(distribute_tensor(full, tp_mesh, [Shard(0)], src_data_rank=None)))
+    norms = [attn.kv_norm] + ([attn.compressor.kv_norm] if attn.compressor is not None else [])
+    for norm in norms:
+        norm.register_forward_hook(lambda _m, _a, out: _shared_over_tp(out, tp_mesh))
+    group = tp_mesh.get_group()
+
+    def head_mean(p: torch.Tensor) -> torch.Tensor:
+        p = p.clone()
+        dist.all_reduce(p, group=group)
+        return p / tp
+
+    attn.head_mean = head_mean
+
+
+def share_rope_key(attn: MLAttention, tp_mesh: Any) -> None:
+    """MLA's rotary key is one vector shared by every head: where it meets the per-head keys it passes
+    _shared_over_tp (the latent part needs nothing: kv_b_proj's column-parallel input already sums its
+    gradient)."""
     per_head = attn.expand
 
     def expand(c: torch.Tensor, k_rope_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shared = DTensor.from_local(k_rope_rot, tp_mesh, [Replicate()], run_check=False).to_local(
-            grad_placements=[Partial()])
-        return per_head(c, shared)
+        return per_head(c, _shared_over_tp(k_rope_rot, tp_mesh))
 
     attn.expand = expand  # type: ignore[method-assign]
 

@@ -1,0 +1,271 @@
+"""DeepSeek-V4 attention: shared-KV multi-query attention over a sliding window, plus compressed KV.
+
+Every layer (HF names in brackets) projects queries through a low-rank latent (q_a_proj, q_a_norm,
+q_b_proj), RMS-normalises each query head without a scale, and reads one shared key = value head
+(kv_proj, kv_norm). RoPE rotates the trailing qk_rope_head_dim channels of queries and keys and is
+undone (conjugate rotation at the query position) on the output, which then goes through a grouped
+low-rank projection (o_a_proj per head group, o_b_proj). A learned per-head sink logit (sinks)
+joins the softmax. Three kinds:
+
+* sliding: the last `csa_window` tokens only (rope base rope_theta).
+* hca: plus one compressed entry per `hca_compress_every` tokens (non-overlapping windows), every
+  complete past entry visible (rope base compress_rope_theta).
+* csa: plus one compressed entry per `csa_compress_every` tokens, each pooling two windows (the
+  previous window's first half-features and the current window's second half), and a lightning
+  indexer that keeps the top `csa_top_k` visible entries per query.
+
+A compressed entry pools its tokens with per-channel softmax(gate + position bias) weights, is
+RMS-normalised and rotated at its window's first position; it becomes visible once the query reaches
+the window's last token. Packed documents compress as they would alone (windows restart at each
+document). The indexer is trained (trex's addition, not in the release) by a KL loss from the
+detached main attention over the visible entries to its own distribution, on detached inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trex.trainer.model.args import ModelArgs
+from trex.trainer.model.attention import AttnContext
+from trex.trainer.model.layers import (
+    RMSNorm,
+    apply_rope_tail,
+    causal_doc_mask,
+    local_tensor,
+    rope_cos_sin,
+    unit_rms,
+    upcast,
+)
+
+
+def block_ids(position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int) -> torch.Tensor:
+    """Compression window index per token [B, T]: `every` consecutive positions of one document,
+    aligned to the document start (so a packed document compresses as it would alone)."""
+    new = torch.ones_like(doc_ids, dtype=torch.bool)
+    new[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]) | (position_ids[:, 1:] // every != position_ids[:, :-1] // every)
+    return new.long().cumsum(dim=1) - 1
+
+
+@dataclass
+class Windows:
+    """The compression windows of one batch (S per row, padded)."""
+
+    seg: torch.Tensor  # [B, T] window of each token
+    doc: torch.Tensor  # [B, S] document of the window (-1: padding)
+    start: torch.Tensor  # [B, S] position of the window's first token
+    count: int  # S
+
+    def visible(self, position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int) -> torch.Tensor:
+        """[B, T, S]: entry s visible to query t (same document, query at or past the window's end)."""
+        same = self.doc[:, None, :] == doc_ids[:, :, None]
+        return same & (position_ids[:, :, None] >= self.start[:, None, :] + every - 1)
+
+
+def windows(position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int) -> Windows:
+    """Compression windows of `every` tokens per document."""
+    seg = block_ids(position_ids, doc_ids, every)
+    b = seg.shape[0]
+    s = int(seg.max().item()) + 1
+    doc = torch.full((b, s), -1, dtype=doc_ids.dtype, device=seg.device).scatter_reduce(1, seg, doc_ids, "amax")
+    start = torch.zeros((b, s), dtype=torch.long, device=seg.device).scatter_reduce(
+        1, seg, position_ids // every * every, "amax")
+    return Windows(seg=seg, doc=doc, start=start, count=s)
+
+
+class Pool(nn.Module):
+    """Gated pooling of a window's tokens into one compressed entry of width `dim` (kv_proj,
+    gate_proj, position_bias, kv_norm). ``overlap``: features split in two halves, the first half of
+    window w - 1 and the second half of window w pool into entry w (csa)."""
+
+    def __init__(self, args: ModelArgs, every: int, dim: int, overlap: bool) -> None:
+        super().__init__()
+        width = 2 * dim if overlap else dim
+        self.every = every
+        self.dim = dim
+        self.overlap = overlap
+        self.rope_dim = args.qk_rope_head_dim
+        self.theta = args.compress_rope_theta
+        self.kv_proj = nn.Linear(args.hidden_size, width, bias=False)
+        self.gate_proj = nn.Linear(args.hidden_size, width, bias=False)
+        self.position_bias = nn.Parameter(torch.zeros(every, width))
+        self.kv_norm = RMSNorm(dim, args.norm_eps, scale_in_fp32=True)
+
+    def pool(self, x: torch.Tensor, ctx: AttnContext, win: Windows, doc: torch.Tensor) -> torch.Tensor:
+        """Compressed entries [B, S, dim], normalised and rotated at their window's first position."""
+        b = x.shape[0]
+        pos = ctx.position_ids
+        kv = self.kv_proj(x)
+        gate = self.gate_proj(x) + self.position_bias[pos % self.every]
+        s, d = win.count, self.dim
+        if self.overlap:
+            nxt = win.seg + 1
+            ok = nxt < s
+            ok &= win.doc.gather(1, nxt.clamp(max=s - 1)) == doc
+            target = torch.cat([torch.where(ok, nxt, s), win.seg], dim=1)  # first halves, then second halves
+            kv = torch.cat([kv[..., :d], kv[..., d:]], dim=1)
+            gate = torch.cat([gate[..., :d], gate[..., d:]], dim=1)
+        else:
+            target = win.seg
+        idx = target[..., None].expand(-1, -1, d)
+        g = upcast(gate)
+        peak = g.new_full((b, s + 1, d), float("-inf")).scatter_reduce(1, idx, g.detach(), "amax")
+        e = torch.exp(g - peak.gather(1, idx))
+        den = e.new_zeros((b, s + 1, d)).scatter_add(1, idx, e)
+        w = (e / den.gather(1, idx)).to(kv.dtype)
+        pooled = kv.new_zeros((b, s + 1, d)).scatter_add(1, idx, kv * w)[:, :s]
+        cos, sin = rope_cos_sin(win.start, self.rope_dim, self.theta, dtype=ctx.cos.dtype)
+        return apply_rope_tail(self.kv_norm(pooled), cos, sin)
+
+
+class IndexScorer(nn.Module):
+    """Lightning-indexer head weights (weights_proj)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.weights_proj = nn.Linear(args.hidden_size, args.csa_indexer_heads, bias=False)
+
+
+class Indexer(Pool):
+    """Lightning indexer: its own compressed keys (width csa_indexer_dim), queries from the query
+    latent (q_b_proj), scores sum_h w_h(t) relu(q_h(t) . k(s)) / sqrt(d) with w = weights_proj / sqrt(H)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__(args, args.csa_compress_every, args.csa_indexer_dim, overlap=True)
+        self.heads = args.csa_indexer_heads
+        self.top_k = args.csa_top_k
+        self.qat = args.qat == "fp4-experts"
+        self.q_b_proj = nn.Linear(args.q_lora_rank, args.csa_indexer_heads * args.csa_indexer_dim, bias=False)
+        self.scorer = IndexScorer(args)
+
+    def scores(self, x: torch.Tensor, q_res: torch.Tensor, ctx: AttnContext, win: Windows,
+               doc: torch.Tensor) -> torch.Tensor:
+        """Index scores [B, T, S] (>= fp32)."""
+        b, t, _ = x.shape
+        keys = self.pool(x, ctx, win, doc)
+        cos, sin = ctx.rope(self.theta, self.rope_dim)
+        q = apply_rope_tail(self.q_b_proj(q_res).view(b, t, -1, self.dim), cos, sin)
+        if self.qat:
+            from trex.trainer.model.quant import fp4_fake_quant
+
+            q, keys = fp4_fake_quant(q), fp4_fake_quant(keys)
+        dots = F.relu(torch.einsum("bthd,bsd->bths", upcast(q), upcast(keys))) * self.dim**-0.5
+        w = upcast(self.scorer.weights_proj(x)) * self.heads**-0.5
+        return torch.einsum("bths,bth->bts", dots, w)
+
+
+class Compressor(Pool):
+    """The compressed-KV branch of an hca or csa layer (csa adds the indexer)."""
+
+    def __init__(self, args: ModelArgs, kind: str) -> None:
+        every = args.csa_compress_every if kind == "csa" else args.hca_compress_every
+        super().__init__(args, every, args.head_dim, overlap=kind == "csa")
+        self.indexer = Indexer(args) if kind == "csa" else None
+
+
+def sink_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """softmax([q k^T * scale, sink_h]) without the sink column, times v (= k): q [B, T, H, D],
+    kv [B, S, D] (one shared head), mask [B, 1, T, S] boolean -> [B, T, H, D]."""
+    logits = torch.einsum("bthd,bsd->bhts", q, kv) * scale
+    logits = logits.masked_fill(~mask, float("-inf"))
+    b, h, t, _ = logits.shape
+    sink = sinks.to(logits.dtype).view(1, -1, 1, 1).expand(b, h, t, 1)
+    full = torch.cat([logits, sink], dim=-1)
+    probs = torch.softmax(full - full.amax(-1, keepdim=True).detach(), dim=-1)[..., :-1]
+    return torch.einsum("bhts,bsd->bthd", probs.to(kv.dtype), kv)
+
+
+class V4Attention(nn.Module):
+    """One DeepSeek-V4 attention layer of kind sliding, csa or hca (HF `DeepseekV4Attention` names)."""
+
+    def __init__(self, args: ModelArgs, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.head_dim = args.head_dim
+        self.rope_dim = args.qk_rope_head_dim
+        self.window = args.csa_window
+        self.eps = args.norm_eps
+        self.o_groups = args.o_groups
+        self.o_lora_rank = args.o_lora_rank
+        self.theta = args.rope_theta if kind == "sliding" else args.compress_rope_theta
+        d, hd, h = args.hidden_size, args.head_dim, args.num_heads
+        self.q_a_proj = nn.Linear(d, args.q_lora_rank, bias=False)
+        self.q_a_norm = RMSNorm(args.q_lora_rank, args.norm_eps, scale_in_fp32=True)
+        self.q_b_proj = nn.Linear(args.q_lora_rank, h * hd, bias=False)
+        self.kv_proj = nn.Linear(d, hd, bias=False)
+        self.kv_norm = RMSNorm(hd, args.norm_eps, scale_in_fp32=True)
+        self.o_a_proj = nn.Linear(h * hd // args.o_groups, args.o_groups * args.o_lora_rank, bias=False)
+        self.o_b_proj = nn.Linear(args.o_groups * args.o_lora_rank, d, bias=False)
+        self.sinks = nn.Parameter(torch.zeros(h))
+        self.compressor = Compressor(args, kind) if kind != "sliding" else None
+        self.head_mean: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Turns this module's head-mean of the attention distribution into the mean over every head when
+        the heads are split over ranks (set by the parallel layer; None: all heads are here)."""
+
+    def grouped_out(self, o: torch.Tensor) -> torch.Tensor:
+        """o [B, T, H, D] -> o_b(concat_g o_a[g](heads of group g)): [B, T, hidden]."""
+        b, t = o.shape[:2]
+        weight = local_tensor(self.o_a_proj.weight)  # the groups of this rank's heads under tp
+        n_groups = weight.shape[0] // self.o_lora_rank
+        groups = o.reshape(b, t, n_groups, -1)
+        w = weight.view(n_groups, -1, groups.shape[-1])
+        mid = torch.einsum("btgi,goi->btgo", groups, w).reshape(b, t, -1)
+        out: torch.Tensor = self.o_b_proj(mid)
+        return out
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (output [B, T, D], indexer KL loss scalar: zero outside csa)."""
+        b, t, _ = x.shape
+        cos, sin = ctx.rope(self.theta, self.rope_dim)
+        q_res = self.q_a_norm(self.q_a_proj(x))
+        q = unit_rms(self.q_b_proj(q_res).view(b, t, -1, self.head_dim), self.eps)
+        q = apply_rope_tail(q, cos, sin)
+        kv = apply_rope_tail(self.kv_norm(self.kv_proj(x)), cos, sin)
+        mask = causal_doc_mask(ctx.doc_ids, b, t, x.device, window=self.window)
+        aux = x.new_zeros((), dtype=torch.float32)
+        if self.compressor is not None:
+            doc = ctx.doc_ids if ctx.doc_ids is not None else torch.zeros((b, t), dtype=torch.long, device=x.device)
+            win = windows(ctx.position_ids, doc, self.compressor.every)
+            entries = self.compressor.pool(x, ctx, win, doc)
+            visible = win.visible(ctx.position_ids, doc, self.compressor.every)
+            if self.compressor.indexer is not None:
+                visible, aux = self.select(x, q_res, q, entries, visible, ctx, win, doc)
+            kv = torch.cat([kv, entries], dim=1)
+            mask = torch.cat([mask, visible[:, None]], dim=-1)
+        o = sink_attention(q, kv, mask, local_tensor(self.sinks), self.head_dim**-0.5)
+        return self.grouped_out(apply_rope_tail(o, cos, -sin)), aux
+
+    def select(self, x: torch.Tensor, q_res: torch.Tensor, q: torch.Tensor, entries: torch.Tensor,
+               visible: torch.Tensor, ctx: AttnContext, win: Windows,
+               doc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indexer's top-k of the visible entries [B, T, S] and its KL training loss."""
+        assert self.compressor is not None and self.compressor.indexer is not None
+        indexer = self.compressor.indexer
+        scores = indexer.scores(x.detach(), q_res.detach(), ctx, win, doc)
+        masked = scores.masked_fill(~visible, -1e30)
+        s = masked.shape[-1]
+        k = min(indexer.top_k, s)
+        # stable sort on the reversed entries: exact ties go to the latest window, independent of how
+        # many entries the row holds (packed and separate documents agree)
+        order = masked.flip(-1).sort(dim=-1, descending=True, stable=True).indices[..., :k]
+        chosen = torch.zeros_like(visible).scatter(2, s - 1 - order, True) & visible
+        return chosen, self.indexer_loss(q, entries, masked, visible)
+
+    def indexer_loss(self, q: torch.Tensor, entries: torch.Tensor, masked_scores: torch.Tensor,
+                     visible: torch.Tensor) -> torch.Tensor:
+        """KL(main attention over the visible entries, head-mean, detached || indexer softmax)."""
+        with torch.no_grad():
+            logits = upcast(torch.einsum("bthd,bsd->bhts", q, entries)) * self.head_dim**-0.5
+            p = logits.masked_fill(~visible[:, None], -1e30).softmax(-1).mean(1)
+            if self.head_mean is not None:
+                p = self.head_mean(p)
+        logq = masked_scores.log_softmax(-1)
+        rows = visible.any(-1)
+        kl = (torch.special.xlogy(p, p) - p * logq).sum(-1)
+        loss: torch.Tensor = (kl * rows).sum() / rows.sum().clamp(min=1)
+        return loss.float()
