@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from trex.config_base import format_validation_error, load_section
 
 from trex_operator.api import API_VERSION, KIND_INFO, KINDS, JobModel
+from trex_operator.defaults import ClusterDefaults
+from trex_operator.ranktable import LayoutError, ascend_layout
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,11 @@ def check_document(file: str, index: int, doc: Any) -> Checked:
             path, _, msg = line.partition(": ")
             problems.append(Problem(file, obj, path, msg))
         return Checked(file, index, doc, None, problems)
+    try:
+        ascend_layout(doc, model.spec, ClusterDefaults())
+    except LayoutError as exc:
+        path, _, msg = str(exc).partition(": ")
+        return fail(path, msg)
     return Checked(file, index, doc, model, [])
 
 
