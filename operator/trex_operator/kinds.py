@@ -483,8 +483,11 @@ class EvalImpl(_PodKind):
             pod_spec["volumes"] = [{"name": "checkpoints", **volume_source(checkpoints)}]
             container["volumeMounts"] = [{"name": "checkpoints", "mountPath": checkpoints.mount_path or "/checkpoints",
                                           "readOnly": True}]
-        if spec.node_selector:
-            pod_spec["nodeSelector"] = dict(spec.node_selector)
+        selector = ranktable.node_selector(spec, ctx.observed.defaults)
+        if selector:
+            pod_spec["nodeSelector"] = selector
+        if spec.device_type == "npu" and srv.devices and ctx.gang.gang == "volcano":
+            pod_spec["schedulerName"] = "volcano"  # MindCluster's device plugin serves only Volcano-placed pods
         if spec.tolerations:
             pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
         sel = {**selector_labels(job), LABEL_ROLE: "server"}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from test_operator_builders import all_children
 from trex_operator.defaults import ClusterDefaults
 from trex_operator.engine import plan_job
@@ -102,3 +104,34 @@ def test_cpu_and_gpu_pods_keep_command_and_get_no_ascend_annotations() -> None:
 def test_bad_ascend_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         ClusterDefaults.from_env(env)
+
+
+def test_an_npu_model_server_is_placed_by_volcano_too() -> None:
+    """The EvalJob's model server Deployment requests NPUs: under MindCluster it must be Volcano-placed too."""
+    body = _body("EvalJob", {"deviceType": "npu", "evaluation": {"benchmarks": [{"name": "nl4opt", "path": "/d"}],
+                                                                 "model": {"kind": "openai", "name": "m"}},
+                             "server": {"image": "vllm/vllm-openai:v0.6.0", "devices": 2}})
+    dep = next(m for m in _kids(body, {"TREX_NPU_ACCELERATOR_TYPE": "module-910b-8"}) if m["kind"] == "Deployment")
+    tmpl = dep["spec"]["template"]["spec"]
+    assert tmpl["schedulerName"] == "volcano" and tmpl["nodeSelector"] == {"accelerator-type": "module-910b-8"}
+    dep = next(m for m in _kids(body, {"TREX_NPU_MINDCLUSTER": "false"}) if m["kind"] == "Deployment")
+    assert "schedulerName" not in dep["spec"]["template"]["spec"]
+
+
+def test_validate_applies_the_cluster_ascend_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from trex_operator.validate import check_document, main
+
+    body = _body("TrainJob", {**NPU_TRAIN, "scheduling": {"gang": "none"}})
+    (problem,) = check_document("f.yaml", 0, body).problems
+    assert problem.path == "spec.scheduling.gang" and problem.message.startswith("'none' cannot run deviceType npu")
+    assert check_document("f.yaml", 0, body, ClusterDefaults.from_env({"TREX_NPU_MINDCLUSTER": "false"})).model
+    f = tmp_path / "tj.yaml"
+    f.write_text(yaml.safe_dump(body))
+    monkeypatch.delenv("TREX_NPU_MINDCLUSTER", raising=False)
+    assert main(["-q", str(f)]) == 1
+    assert "spec.scheduling.gang: 'none' cannot run deviceType npu" in capsys.readouterr().out
+    monkeypatch.setenv("TREX_NPU_MINDCLUSTER", "false")  # `trex validate` reads the operator's TREX_* variables
+    assert main(["-q", str(f)]) == 0
+    monkeypatch.setenv("TREX_NPU_MINDCLUSTER", "maybe")
+    assert main(["-q", str(f)]) == 2 and "TREX_NPU_MINDCLUSTER='maybe'" in capsys.readouterr().err
