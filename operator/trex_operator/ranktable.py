@@ -43,6 +43,8 @@ SCHEDULE_POLICY_ANNOTATION = "huawei.com/schedule_policy"
 JOB_ANNOTATIONS = (SP_BLOCK_ANNOTATION, SCHEDULE_POLICY_ANNOTATION)
 """MindCluster job annotations copied from the trex job onto its PodGroup and pods."""
 SUPER_POD_POLICIES = ("chip2-node16-sp", "chip2-node8-sp", "multilevel")
+UNIFIED_RESOURCE = "huawei.com/npu"
+"""The device plugin's unified NPU resource (its pods carry the ascend-npu-configuration annotation)."""
 ACCELERATOR_TYPE_LABEL = "accelerator-type"
 """MindCluster node label naming the server type, e.g. module-910b-8 (A2) or module-a3-16-super-pod (A3)."""
 SUPER_POD_ACCELERATOR_TYPES = ("module-a3-16-super-pod", "module-a3-8-super-pod")
@@ -217,7 +219,15 @@ def node_selector(spec: CommonSpec, defaults: ClusterDefaults) -> dict[str, str]
 
 
 def ascend_layout(body: dict[str, Any], spec: CommonSpec, defaults: ClusterDefaults) -> Layout | None:
-    """The rank-table layout of an npu TrainJob (None for other jobs); LayoutError names a bad annotation."""
-    if body.get("kind") != "TrainJob" or spec.device_type != "npu":
+    """The rank-table layout of an npu TrainJob (None for other jobs); LayoutError names a bad annotation,
+    or a missing schedule policy, without which Volcano's huawei-npu plugin never places huawei.com/npu pods."""
+    if spec.device_type != "npu":
+        return None
+    if defaults.npu_mindcluster and defaults.npu_resource == UNIFIED_RESOURCE \
+            and SCHEDULE_POLICY_ANNOTATION not in job_annotations(body):
+        raise LayoutError(f"metadata.annotations[{SCHEDULE_POLICY_ANNOTATION}]: required on this cluster (NPUs as "
+                          f"{UNIFIED_RESOURCE}): Volcano's huawei-npu plugin schedules those pods only by a schedule "
+                          "policy, e.g. chip8-node8 (Atlas 800T A2) or chip2-node16 (Atlas A3)")
+    if body.get("kind") != "TrainJob":
         return None
     return layout(job_annotations(body), node_selector(spec, defaults), spec.devices_per_replica, spec.replicas)

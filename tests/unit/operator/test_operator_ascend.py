@@ -135,3 +135,14 @@ def test_validate_applies_the_cluster_ascend_rule(tmp_path: Path, monkeypatch: p
     assert main(["-q", str(f)]) == 0
     monkeypatch.setenv("TREX_NPU_MINDCLUSTER", "maybe")
     assert main(["-q", str(f)]) == 2 and "TREX_NPU_MINDCLUSTER='maybe'" in capsys.readouterr().err
+
+
+def test_the_unified_npu_resource_needs_a_schedule_policy() -> None:
+    env = {"TREX_NPU_RESOURCE": "huawei.com/npu"}
+    for kind, spec in (("TrainJob", NPU_TRAIN), ("KernelTuneJob", {"deviceType": "npu", "kernels": {"backend": "npu-ascendc"}})):
+        st = _status(_body(kind, spec), env)
+        assert st["reason"] == "InvalidSpec"
+        assert "metadata.annotations[huawei.com/schedule_policy]: required on this cluster" in st["conditions"][-1]["message"]
+        ok = _body(kind, spec, {"huawei.com/schedule_policy": "chip8-node8"})
+        (pg,) = [m for m in _kids(ok, env) if m["kind"] == "PodGroup"]
+        assert pg["metadata"]["annotations"] == {"huawei.com/schedule_policy": "chip8-node8"}
