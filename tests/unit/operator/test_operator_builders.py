@@ -94,7 +94,8 @@ def test_every_child_validates_strictly(body: dict[str, Any]) -> None:
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (body["kind"], body["metadata"]["name"],
                                                                              "uid-1", True)
         if m["kind"] == "PodGroup":  # Volcano CRD: not part of the core schemas
-            assert m["spec"]["minMember"] == len([c for c in children if c["kind"] == "Pod"]) or m["spec"]["minMember"] == 1
+            # the gang: every worker pod of the job (1 where the workers are batch Jobs)
+            assert m["spec"]["minMember"] == (len([c for c in children if c["kind"] == "Pod"]) or 1)
             continue
         kubernetes_validate.validate(m, K8S, strict=True)
 
