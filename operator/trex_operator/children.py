@@ -17,6 +17,7 @@ from trex_operator.api import API_VERSION, CommonSpec, StorageSpec
 from trex_operator.defaults import CONFIG_DIR as CONFIG_DIR
 from trex_operator.defaults import ClusterDefaults, EffectiveGang, effective_gang
 from trex_operator.plan import Manifest
+from trex_operator.ranktable import RANK_INDEX_ANNOTATION, node_selector
 
 LABEL_KIND = "trex.dev/job-kind"
 LABEL_NAME = "trex.dev/job-name"
@@ -269,7 +270,7 @@ def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, co
         annotations["trex.dev/config-hash"] = hashlib.sha256(config_text.encode()).hexdigest()[:16]
     pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
     sched = spec.scheduling
-    gang = effective_gang(sched, defaults)
+    gang = effective_gang(sched, defaults, spec.device_type)
     if gang.gang == "volcano":
         pod_spec["schedulerName"] = "volcano"
         annotations[VOLCANO_GROUP_ANNOTATION] = job.name
@@ -281,8 +282,10 @@ def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, co
         pod_spec["priorityClassName"] = sched.priority_class_name
     vols, mounts = volumes(job, spec, config=config, kernels_from=kernels_from, refs=refs,
                            rank_table=defaults if rank_table else None)
+    # npu images run the command through their entrypoint, which sources CANN's set_env.sh (as CANN images do)
+    argv_key = "args" if spec.device_type == "npu" else "command"
     container: dict[str, Any] = {
-        "name": "trex", "image": pod_image(spec, defaults), "imagePullPolicy": spec.image_pull_policy, "command": command,
+        "name": "trex", "image": pod_image(spec, defaults), "imagePullPolicy": spec.image_pull_policy, argv_key: command,
         "env": env_list(env, spec), "ports": [{"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError", "terminationMessagePath": "/dev/termination-log",
         "volumeMounts": mounts,
@@ -295,8 +298,11 @@ def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, co
     if hostname is not None:
         pod_spec["hostname"] = hostname
         pod_spec["subdomain"] = service_name(job)
-    if spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    selector = node_selector(spec, defaults)
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if spec.device_type == "npu" and index is not None:
+        annotations[RANK_INDEX_ANNOTATION] = str(index)
     if spec.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
     if spec.service_account_name:
@@ -316,12 +322,14 @@ def contract_env(job: JobCtx, spec: CommonSpec, *, attempt: int, config_path: st
     }
 
 
-def volcano_pod_group(job: JobCtx, spec: CommonSpec, min_member: int, gang: EffectiveGang) -> Manifest:
-    """A Volcano PodGroup: the scheduler binds all ``min_member`` pods at once or none (in ``gang.queue``)."""
+def volcano_pod_group(job: JobCtx, spec: CommonSpec, min_member: int, gang: EffectiveGang,
+                      annotations: dict[str, str] | None = None) -> Manifest:
+    """A Volcano PodGroup: the scheduler binds all ``min_member`` pods at once or none (in ``gang.queue``);
+    ``annotations`` carry scheduler-plugin hints (MindCluster's sp-block and schedule policy)."""
     pg_spec: dict[str, Any] = {"minMember": min_member}
     if gang.queue:
         pg_spec["queue"] = gang.queue
     if spec.scheduling.priority_class_name:
         pg_spec["priorityClassName"] = spec.scheduling.priority_class_name
     return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
-            "metadata": metadata(job, job.name), "spec": pg_spec}
+            "metadata": metadata(job, job.name, annotations=annotations), "spec": pg_spec}

@@ -30,6 +30,7 @@ _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-
                        r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _CONFIG_KEY = re.compile(r"^[-._A-Za-z0-9]+$")
 _IMAGE = re.compile(r"^[^\s]+$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 def _builtin_images() -> Mapping[str, str]:
@@ -56,6 +57,14 @@ class ClusterDefaults:
     """Kueue LocalQueue of jobs that name none (None: such jobs fail with InvalidSpec)."""
     npu_resource: str = "huawei.com/Ascend910"
     """Extended resource of the Ascend device plugin."""
+    npu_mindcluster: bool = True
+    """NPUs come from MindCluster's Ascend device plugin in its Volcano mode, which allocates NPUs only to pods
+    Volcano's huawei-npu plugin placed (and annotated): npu jobs default to, and must use, gang volcano."""
+    npu_accelerator_type: str | None = None
+    """nodeSelector accelerator-type of npu pods that set none (e.g. module-910b-8): Volcano's huawei-npu plugin
+    picks its topology handler from it (None: the job's own nodeSelector decides)."""
+    hccl_connect_timeout_s: int = 1200
+    """HCCL_CONNECT_TIMEOUT of npu TrainJob pods (s, 120..7200): how long HCCL waits for every rank to connect."""
     gpu_resource: str = "nvidia.com/gpu"
     """Extended resource of the NVIDIA device plugin."""
     rank_table_dir: str = CONFIG_DIR
@@ -102,6 +111,10 @@ class ClusterDefaults:
             kueue_enabled=_bool(env, "TREX_KUEUE_ENABLED", base.kueue_enabled),
             kueue_default_queue=_queue(get("TREX_KUEUE_DEFAULT_QUEUE"), "TREX_KUEUE_DEFAULT_QUEUE"),
             npu_resource=_resource(get("TREX_NPU_RESOURCE"), "TREX_NPU_RESOURCE", base.npu_resource),
+            npu_mindcluster=_bool(env, "TREX_NPU_MINDCLUSTER", base.npu_mindcluster),
+            npu_accelerator_type=_label_value(get("TREX_NPU_ACCELERATOR_TYPE"), "TREX_NPU_ACCELERATOR_TYPE"),
+            hccl_connect_timeout_s=_int_range(get("TREX_HCCL_CONNECT_TIMEOUT"), "TREX_HCCL_CONNECT_TIMEOUT",
+                                              base.hccl_connect_timeout_s, 120, 7200),
             gpu_resource=_resource(get("TREX_GPU_RESOURCE"), "TREX_GPU_RESOURCE", base.gpu_resource),
             rank_table_dir=get("TREX_RANK_TABLE_DIR") or base.rank_table_dir,
             rank_table_file_name=get("TREX_RANK_TABLE_FILE_NAME") or base.rank_table_file_name,
@@ -154,6 +167,25 @@ def _queue(value: str | None, name: str) -> str | None:
     return value
 
 
+def _label_value(value: str | None, name: str) -> str | None:
+    if value is not None and not _LABEL_VALUE.match(value):
+        raise ValueError(f"environment variable {name}={value!r} is not a label value (at most 63 letters, digits, "
+                         "'-', '_', '.', starting and ending with a letter or digit)")
+    return value
+
+
+def _int_range(value: str | None, name: str, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    try:
+        out = int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+    if not low <= out <= high:
+        raise ValueError(f"environment variable {name}={out} must be between {low} and {high}")
+    return out
+
+
 def _resource(value: str | None, name: str, default: str) -> str:
     if value is None:
         return default
@@ -175,11 +207,14 @@ class GangError(ValueError):
     """A job whose effective gang scheduling this cluster cannot honour (the job fails with InvalidSpec)."""
 
 
-def effective_gang(scheduling: SchedulingSpec, defaults: ClusterDefaults) -> EffectiveGang:
+def effective_gang(scheduling: SchedulingSpec, defaults: ClusterDefaults, device_type: str = "cpu") -> EffectiveGang:
     """spec.scheduling with the cluster defaults applied: an explicit gang or queue always wins.
 
-    Raises GangError when the effective gang is disabled on this cluster, or is kueue without a queue.
+    Raises GangError when the effective gang is disabled on this cluster, or is kueue without a queue, or is
+    not volcano for an npu job on a MindCluster cluster (whose device plugin would refuse the pods).
     """
+    if device_type == "npu" and defaults.npu_mindcluster:
+        return _mindcluster_gang(scheduling, defaults)
     gang: Gang = scheduling.gang if scheduling.gang is not None else defaults.default_gang
     source = "spec.scheduling.gang" if scheduling.gang is not None else "the cluster default gang (TREX_DEFAULT_GANG)"
     if gang == "volcano":
@@ -197,3 +232,15 @@ def effective_gang(scheduling: SchedulingSpec, defaults: ClusterDefaults) -> Eff
                             "neither spec.scheduling.queue nor the cluster default (kueue.defaultQueue) is set")
         return EffectiveGang("kueue", queue)
     return EffectiveGang("none", scheduling.queue)
+
+
+def _mindcluster_gang(scheduling: SchedulingSpec, defaults: ClusterDefaults) -> EffectiveGang:
+    why = ("this cluster's Ascend device plugin (MindCluster, npu.mindcluster=true) allocates NPUs only to pods "
+           "that Volcano's huawei-npu plugin scheduled; kubelet rejects any other pod")
+    if scheduling.gang not in (None, "volcano"):
+        raise GangError(f"scheduling.gang: {scheduling.gang!r} cannot run deviceType npu here: {why}; use gang "
+                        "'volcano' (the default for npu jobs)")
+    if not defaults.volcano_enabled:
+        raise GangError(f"deviceType: npu needs Volcano on this cluster ({why}) but Volcano is disabled "
+                        "(volcano.enabled=false)")
+    return EffectiveGang("volcano", scheduling.queue or defaults.volcano_default_queue)

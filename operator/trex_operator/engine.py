@@ -34,6 +34,7 @@ from trex_operator.lifecycle import (
     transition,
 )
 from trex_operator.plan import ChildRef, Event, Manifest, Observed, Plan
+from trex_operator.ranktable import LayoutError, ascend_layout
 
 FINISHED = ("Succeeded", "Failed")
 _FATAL_REASONS = {"imagePull": "ImagePullError", "configError": "ConfigError"}
@@ -137,8 +138,9 @@ def plan_job(body: dict[str, Any], observed: Observed) -> Plan:
         plan.status = dump_status(status)
         return plan
     try:
-        ctx.gang = effective_gang(ctx.spec.scheduling, observed.defaults)
-    except GangError as exc:
+        ctx.gang = effective_gang(ctx.spec.scheduling, observed.defaults, ctx.spec.device_type)
+        ascend_layout(body, ctx.spec, observed.defaults)
+    except (GangError, LayoutError) as exc:
         ctx.move("Failed", "InvalidSpec", str(exc)[:2000])
         plan.status = dump_status(status)
         return plan

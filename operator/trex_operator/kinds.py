@@ -41,7 +41,7 @@ from trex_operator.engine import (
     pod_refs,
     run_gang,
 )
-from trex_operator.lifecycle import PodState, classify_pod, iso, set_condition
+from trex_operator.lifecycle import PodState, classify_pod, condition, iso, set_condition
 from trex_operator.plan import ChildRef, Manifest
 from trex_operator.progress import EVAL_RATIO, ratio_progress, stalled, train_progress
 
@@ -139,10 +139,13 @@ def training_files(corpus_dir: str, mode: str) -> str:
 
 
 def pod_group(ctx: Ctx, min_member: int) -> list[Manifest]:
-    """The job's Volcano PodGroup when its effective gang is volcano (its pods name it), else nothing."""
+    """The job's Volcano PodGroup when its effective gang is volcano (its pods name it), else nothing.
+
+    npu jobs pass their MindCluster annotations (sp-block, schedule policy) to Volcano's huawei-npu plugin."""
     if ctx.gang.gang != "volcano":
         return []
-    return [volcano_pod_group(ctx.job, ctx.spec, min_member, ctx.gang)]
+    hints = ranktable.job_annotations(ctx.body) if ctx.spec.device_type == "npu" else {}
+    return [volcano_pod_group(ctx.job, ctx.spec, min_member, ctx.gang, hints or None)]
 
 
 def _summary_results(states: list[PodState]) -> dict[str, Any]:
@@ -212,23 +215,28 @@ class TrainImpl(_PodKind):
                                headless_service(job, [("dist", 29500), ("metrics", spec.metrics_port)])]
         return out + pod_group(ctx, spec.replicas)
 
+    def _layout(self, ctx: Ctx) -> ranktable.Layout:
+        shape = ranktable.ascend_layout(ctx.body, ctx.model.spec, ctx.observed.defaults)
+        assert shape is not None  # npu TrainJob; a bad layout already failed the job with InvalidSpec
+        return shape
+
     def _rank_table(self, ctx: Ctx) -> dict[str, Any]:
         pods = sorted(current_pods(ctx), key=pod_index)
         if len(pods) != ctx.model.spec.replicas:
             table = ranktable.initializing()
         else:
             try:
-                table = ranktable.render(pods, ctx.model.spec.devices_per_replica, ctx.observed.node_labels)
+                table = ranktable.render(pods, self._layout(ctx))
             except ranktable.RankTableError as exc:
-                set_condition(ctx.status, "RankTableReady", "False", "InvalidDeviceAnnotation", str(exc), ctx.now,
-                              ctx.generation)
+                reason = "DeviceIPMissing" if isinstance(exc, ranktable.DeviceIPError) else "InvalidDeviceAnnotation"
+                set_condition(ctx.status, "RankTableReady", "False", reason, str(exc), ctx.now, ctx.generation)
                 return ranktable.initializing()
         if table["status"] == "completed":
             set_condition(ctx.status, "RankTableReady", "True", "RankTableCompleted",
                           f"hccl.json version {table['version']} with {len(pods)} server(s)", ctx.now, ctx.generation)
         else:
             set_condition(ctx.status, "RankTableReady", "False", "WaitingForDevices",
-                          "waiting for every pod to be scheduled with its NPUs", ctx.now, ctx.generation)
+                          "waiting for every pod to be scheduled with its NPUs and its IP", ctx.now, ctx.generation)
         return table
 
     def refs_mounts(self, ctx: Ctx) -> tuple[RefMount, ...]:
@@ -251,6 +259,8 @@ class TrainImpl(_PodKind):
                                master_addr=master, nnodes=nnodes, node_rank=i, nproc=nproc)
             if spec.device_type == "npu":
                 env["RANK_TABLE_FILE"] = ctx.observed.defaults.rank_table_file
+                env.update(ranktable.pod_env(self._layout(ctx), i, ctx.observed.defaults.hccl_connect_timeout_s,
+                                             spec.trainer.deterministic))
             if isinstance(resume, int):
                 env["TREX_RESUME_STEP"] = str(resume)
             if spec.kernels_from is not None:
@@ -266,6 +276,11 @@ class TrainImpl(_PodKind):
 
     def run(self, ctx: Ctx) -> None:
         st = ctx.status
+        missing_ip = condition(st, "RankTableReady")
+        if missing_ip is not None and missing_ip.reason == "DeviceIPMissing":
+            # a node's NPU NIC has no address: HCCL cannot connect, and no restart changes the annotation
+            finish(ctx, self, "Failed", "DeviceIPMissing", missing_ip.message or "a device has no IP")
+            return
         states = run_gang(ctx, self, self.pods(ctx), st.progress.get("resumeStep"))
         if states is None:
             return
@@ -468,8 +483,11 @@ class EvalImpl(_PodKind):
             pod_spec["volumes"] = [{"name": "checkpoints", **volume_source(checkpoints)}]
             container["volumeMounts"] = [{"name": "checkpoints", "mountPath": checkpoints.mount_path or "/checkpoints",
                                           "readOnly": True}]
-        if spec.node_selector:
-            pod_spec["nodeSelector"] = dict(spec.node_selector)
+        selector = ranktable.node_selector(spec, ctx.observed.defaults)
+        if selector:
+            pod_spec["nodeSelector"] = selector
+        if spec.device_type == "npu" and srv.devices and ctx.gang.gang == "volcano":
+            pod_spec["schedulerName"] = "volcano"  # MindCluster's device plugin serves only Volcano-placed pods
         if spec.tolerations:
             pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
         sel = {**selector_labels(job), LABEL_ROLE: "server"}

@@ -46,8 +46,6 @@ class Observed:
     """apps/v1 Deployments of this job by name."""
     refs: dict[tuple[str, str], Manifest | None] = field(default_factory=dict)
     """Referenced jobs by (kind, name); None when the object does not exist."""
-    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Labels of the nodes the job's pods run on (for the HCCL rank table)."""
     metrics: dict[str, float] | None = None
     """Samples scraped from rank 0's /metrics (None when not scraped or unreachable)."""
     defaults: ClusterDefaults = field(default_factory=ClusterDefaults)

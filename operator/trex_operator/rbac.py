@@ -32,7 +32,6 @@ RULES: tuple[Rule, ...] = (
     Rule("", "configmaps", ("create", "get", "patch")),
     Rule("", "services", ("create", "delete", "get")),
     Rule("", "events", ("create",)),
-    Rule("", "nodes", ("get",)),
     Rule("batch", "jobs", ("create", "delete", "get", "list", "watch")),
     Rule("apps", "deployments", ("create", "delete", "get", "list", "watch")),
     Rule("scheduling.volcano.sh", "podgroups", ("create", "get")),

@@ -96,7 +96,6 @@ class Reconciler:
         self._locks: dict[JobKey, asyncio.Lock] = {}
         self._dirty: set[JobKey] = set()
         self._known: dict[tuple[str, str, str, str], tuple[str, float]] = {}
-        self._nodes: dict[str, tuple[dict[str, str], float]] = {}
         self._pod_phase: dict[str, str] = {}
         self._status_seen: dict[JobKey, str] = {}
         """Per job, the normalised status after this operator's last pass (what it read or wrote)."""
@@ -225,11 +224,6 @@ class Reconciler:
         status = body.get("status") if isinstance(body.get("status"), dict) else {}
         attempt = status.get("attempt", 0) if isinstance(status, dict) else 0
         current = [p for p in observed.pods if pod_attempt(p) == attempt]
-        if isinstance(spec, dict) and spec.get("deviceType") == "npu":
-            for p in current:
-                node = (p.get("spec") or {}).get("nodeName")
-                if node:
-                    observed.node_labels[str(node)] = await self._node_labels(str(node))
         phase = status.get("phase") if isinstance(status, dict) else None
         if body.get("kind") in ("TrainJob", "EvalJob") and phase in ("Running", "Starting"):
             rank0 = [p for p in current if pod_index(p) == 0 and (p.get("status") or {}).get("phase") == "Running"]
@@ -238,15 +232,6 @@ class Reconciler:
                 url = self.settings.url_builder(rank0[0], port)
                 if url:
                     observed.metrics = await scrape(url, self.settings.scrape_timeout_s)
-
-    async def _node_labels(self, node: str) -> dict[str, str]:
-        cached = self._nodes.get(node)
-        if cached is not None and time.monotonic() - cached[1] < self.settings.cache_ttl_s:
-            return cached[0]
-        obj = await self.kube.get("v1", "Node", None, node) or {}
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        self._nodes[node] = (labels, time.monotonic())
-        return dict(labels)
 
     # ---- applying ---------------------------------------------------------------------------------
 

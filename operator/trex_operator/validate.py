@@ -1,12 +1,14 @@
 """Offline manifest checks: `trex validate FILE...` and `trex get FILE...` (a `kubectl get`-style view).
 
 Exit codes: 0 all valid; 1 at least one problem (one line each: file, object, field path, what is
-wrong, what is allowed); 2 usage errors. User errors never print a traceback.
+wrong, what is allowed); 2 usage errors. User errors never print a traceback. The cluster's rules come
+from the same TREX_* variables the operator reads (unset: its built-in defaults, e.g. MindCluster NPUs).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ from pydantic import ValidationError
 from trex.config_base import format_validation_error, load_section
 
 from trex_operator.api import API_VERSION, KIND_INFO, KINDS, JobModel
+from trex_operator.defaults import ClusterDefaults, GangError, effective_gang
+from trex_operator.ranktable import LayoutError, ascend_layout
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,9 @@ def _obj_name(doc: Any, index: int) -> str:
     return f"<document {index}>"
 
 
-def check_document(file: str, index: int, doc: Any) -> Checked:
-    """Validate one YAML document against the API models."""
+def check_document(file: str, index: int, doc: Any, defaults: ClusterDefaults | None = None) -> Checked:
+    """Validate one YAML document against the API models and the cluster's rules (``defaults``; None: the
+    built-in ones)."""
     obj = _obj_name(doc, index)
 
     def fail(path: str, msg: str) -> Checked:
@@ -77,10 +82,29 @@ def check_document(file: str, index: int, doc: Any) -> Checked:
             path, _, msg = line.partition(": ")
             problems.append(Problem(file, obj, path, msg))
         return Checked(file, index, doc, None, problems)
+    problem = cluster_problem(doc, model, defaults or ClusterDefaults())
+    if problem is not None:
+        return fail(*problem)
     return Checked(file, index, doc, model, [])
 
 
-def iter_documents(paths: list[str]) -> Iterator[Checked]:
+def cluster_problem(doc: dict[str, Any], model: JobModel, defaults: ClusterDefaults) -> tuple[str, str] | None:
+    """(field path, message) when the cluster's Ascend rules refuse a valid job: an npu job off Volcano where
+    MindCluster's device plugin needs it, or an sp-block that describes no super-pod layout."""
+    try:
+        if model.spec.device_type == "npu" and defaults.npu_mindcluster:
+            effective_gang(model.spec.scheduling, defaults, "npu")
+        ascend_layout(doc, model.spec, defaults)
+    except GangError as exc:
+        path, _, msg = str(exc).partition(": ")
+        return f"spec.{path}", msg
+    except LayoutError as exc:
+        path, _, msg = str(exc).partition(": ")
+        return path, msg
+    return None
+
+
+def iter_documents(paths: list[str], defaults: ClusterDefaults | None = None) -> Iterator[Checked]:
     """Every document of every file (directories are searched for *.yaml / *.yml)."""
     for raw_path in paths:
         p = Path(raw_path)
@@ -102,7 +126,7 @@ def iter_documents(paths: list[str]) -> Iterator[Checked]:
             if not docs:
                 yield Checked(name, 0, None, None, [Problem(name, "<file>", "<root>", "no YAML documents")])
             for i, doc in enumerate(docs):
-                yield check_document(name, i, doc)
+                yield check_document(name, i, doc, defaults)
 
 
 def jsonpath_get(obj: Any, path: str) -> Any:
@@ -152,7 +176,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("files", nargs="+", help="manifest files or directories")
     ap.add_argument("-q", "--quiet", action="store_true", help="print problems only")
     args = ap.parse_args(argv[1:] if is_get else argv)
-    checked = list(iter_documents(args.files))
+    try:
+        defaults = ClusterDefaults.from_env(os.environ)
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    checked = list(iter_documents(args.files, defaults))
     problems = [p for c in checked for p in c.problems]
     for p in problems:
         print(p.line(), file=sys.stderr if is_get else sys.stdout)

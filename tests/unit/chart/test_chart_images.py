@@ -55,7 +55,8 @@ def test_accelerator_bases() -> None:
     assert cuda.startswith("pytorch/pytorch:") and "cuda" in cuda
     ascend = (REPO / "images" / "workload-ascend.Dockerfile").read_text()
     assert _from_lines(ascend)[-1].startswith("quay.io/ascend/cann:")
-    assert re.search(r"torch-npu==\d", ascend) and re.search(r"torch==\d", ascend)
+    assert re.search(r"^ARG TORCH_NPU_VERSION=\d", ascend, flags=re.M) and re.search(r"^ARG TORCH_VERSION=\d", ascend,
+                                                                                     flags=re.M)
 
 
 def test_build_script_reports_a_missing_engine(tmp_path: Path) -> None:

@@ -79,3 +79,40 @@ def test_tuning_on_a_host_without_npu_is_a_clear_error(tmp_path, capsys) -> None
     assert main(["tune", "--backend", "npu-ascendc", "--kernels", "rmsnorm_fwd", "--budget-trials", "1",
                  "--out", str(tmp_path)]) == 3
     assert "torch_npu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout", ["compiler", "tools", "aarch64-linux", "x86_64-linux"])
+def test_cann_root_and_cmake_module_in_every_shipped_layout(layout: str, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from trex.kernels.backends.ascendc import ascendc_cmake_dir, cann_home, cmake_lists
+
+    home = tmp_path / "ascend-toolkit" / "latest"
+    ccec = home / layout / "ccec_compiler" / "bin" / "ccec"
+    ccec.parent.mkdir(parents=True)
+    ccec.write_text("#!/bin/sh\n")
+    ccec.chmod(0o755)
+    monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(ccec.parent))
+    assert cann_home() == home  # <home>/<layout>/ccec_compiler/bin/ccec: three levels above bin
+    assert ascendc_cmake_dir(home) is None
+    with pytest.raises(BackendUnavailable, match=r"no tikcpp/ascendc_kernel_cmake/ascendc\.cmake under"):
+        AscendCBackend().compile(SUITE["rmsnorm_fwd"], AscendCBackend().default_params(SUITE["rmsnorm_fwd"], {}), "fp32")
+    module = home / layout / "tikcpp" / "ascendc_kernel_cmake"
+    module.mkdir(parents=True)
+    (module / "ascendc.cmake").write_text("")
+    assert ascendc_cmake_dir(home) == module
+    text = cmake_lists("trex_rmsnorm_fwd", "Ascend910B1", home, module)
+    assert f"include({module}/ascendc.cmake)" in text and "set(SOC_VERSION Ascend910B1)" in text
+    assert "ascendc_library(trex_rmsnorm_fwd SHARED trex_rmsnorm_fwd.cpp)" in text
+
+
+def test_rendered_templates_carry_the_soc_form_of_the_cache_clean() -> None:
+    spec = SUITE["rmsnorm_fwd"]
+    params = {"TILE_LEN": 1024, "BUFFER_NUM": 2, "BLOCK_DIM": 8}
+    a2 = AscendCBackend("ascend910b").render(spec, params, "fp32")
+    assert "#define RED_WORK_LEN 16" in a2
+    assert "DataCacheCleanAndInvalid<float, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(g)" in a2
+    p310 = AscendCBackend("ascend310p").render(spec, params, "fp32")
+    assert "DataCacheCleanAndInvalid<float, CacheLine::SINGLE_CACHE_LINE>(g)" in p310
+    # the UB account includes the ReduceSum work buffer and the 16-float result block
+    assert ub_bytes("rmsnorm_fwd", params) == (3 * 2 + 1) * 1024 * 4 + (16 + 16) * 4

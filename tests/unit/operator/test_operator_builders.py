@@ -94,7 +94,8 @@ def test_every_child_validates_strictly(body: dict[str, Any]) -> None:
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (body["kind"], body["metadata"]["name"],
                                                                              "uid-1", True)
         if m["kind"] == "PodGroup":  # Volcano CRD: not part of the core schemas
-            assert m["spec"]["minMember"] == body["spec"]["replicas"]
+            # the gang: every worker pod of the job (1 where the workers are batch Jobs)
+            assert m["spec"]["minMember"] == (len([c for c in children if c["kind"] == "Pod"]) or 1)
             continue
         kubernetes_validate.validate(m, K8S, strict=True)
 
@@ -126,7 +127,10 @@ def test_train_env_contract_golden() -> None:
     c = pods[1]["spec"]["containers"][0]
     assert c["resources"]["limits"]["huawei.com/Ascend910"] == "8" == c["resources"]["requests"]["huawei.com/Ascend910"]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert c["command"][:4] == ["python", "-m", "trex.runtime.launch", "--"]
+    # npu: the image's entrypoint (CANN's set_env.sh) runs the launcher, so the pod gives args, not command
+    assert "command" not in c and c["args"][:4] == ["python", "-m", "trex.runtime.launch", "--"]
+    assert env1["HCCL_CONNECT_TIMEOUT"] == "1200" and env1["HCCL_LOGIC_SUPERPOD_ID"] == "0"
+    assert pods[1]["metadata"]["annotations"]["hccl/rankIndex"] == "1"
     assert pods[1]["spec"]["schedulerName"] == "volcano"
     assert pods[1]["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "job"
     assert pods[1]["spec"]["hostname"] == "worker-1" and pods[1]["spec"]["subdomain"] == "job"

@@ -131,6 +131,9 @@ def test_the_chart_renders_env_the_operator_accepts() -> None:
     assert (d.gpu_resource, d.npu_resource, d.scrape_annotations) == ("amd.com/gpu", chart["npu"]["resourceName"], False)
     rt = chart["npu"]["rankTable"]
     assert d.rank_table_file == f"{rt['mountPath']}/{rt['fileName']}"
+    npu = chart["npu"]
+    assert (d.npu_mindcluster, d.npu_accelerator_type, d.hccl_connect_timeout_s) == (
+        npu["mindcluster"], npu["acceleratorType"] or None, npu["hcclConnectTimeout"])
 
 
 # ---- images, scrape annotations, device resources -----------------------------------------------

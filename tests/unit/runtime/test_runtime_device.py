@@ -14,7 +14,9 @@ from trex.runtime.device import (
     DeviceUnavailableError,
     choose_kind,
     dist_backend,
+    init_distributed,
     npu_available,
+    npu_bf16,
     rng_state,
     seed_everything,
     select_device,
@@ -44,7 +46,7 @@ def test_backend_map_and_dtypes() -> None:
     assert [dist_backend(k) for k in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
     with pytest.raises(ValueError, match="unknown device kind"):
         dist_backend("tpu")
-    assert supports_dtype("cpu", "fp32") and supports_dtype("npu", "bf16") and not supports_dtype("cpu", "fp16")
+    assert supports_dtype("cpu", "fp32") and supports_dtype("npu", "bf16", soc="Ascend910B3") and not supports_dtype("cpu", "fp16")
     assert torch_dtype("bf16") is torch.bfloat16
     with pytest.raises(ValueError, match="allowed: fp32, bf16, fp16"):
         torch_dtype("fp8")
@@ -138,3 +140,46 @@ def test_thread_engine_copies_off_the_calling_thread() -> None:
     h.wait()
     assert dst.sum() == 4 and seen and seen[0].startswith("trex-copy")
     engine.close()
+
+
+@pytest.mark.parametrize(("soc", "bf16"), [
+    ("Ascend910A", False), ("Ascend910B", False), ("Ascend910ProA", False), ("Ascend910ProB", False),
+    ("Ascend910PremiumA", False), ("Ascend310P3", False), ("Ascend310B1", False),
+    ("Ascend910B1", True), ("Ascend910B2C", True), ("Ascend910B3", True), ("Ascend910B4-1", True),
+    ("Ascend910_9391", True), ("Ascend910_9382", True),
+])
+def test_npu_bf16_follows_the_soc(soc: str, bf16: bool) -> None:
+    """The first-generation 910 shares huawei.com/Ascend910 with the A2/A3 chips but has no bf16 units."""
+    assert npu_bf16(soc) is bf16
+    assert supports_dtype("npu", "bf16", soc=soc) is bf16
+    assert supports_dtype("npu", "fp32", soc=soc) and supports_dtype("npu", "fp16", soc=soc)
+
+
+def test_hccl_env_is_in_place_before_the_process_group_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    seen: dict[str, object] = {}
+
+    def fake_init(backend: str, **kwargs: object) -> None:
+        seen.update(backend=backend, deterministic=os.environ.get("HCCL_DETERMINISTIC"))
+
+    monkeypatch.delenv("HCCL_DETERMINISTIC", raising=False)
+    monkeypatch.setattr(dist, "init_process_group", fake_init)
+    init_distributed("npu", 0, 1, "127.0.0.1", 29500, deterministic=True)
+    assert seen == {"backend": "hccl", "deterministic": "true"}
+
+
+def test_npu_determinism_after_the_process_group_needs_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    monkeypatch.delenv("HCCL_DETERMINISTIC", raising=False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    try:
+        with pytest.raises(DeviceUnavailableError, match="HCCL_DETERMINISTIC=true before the process group"):
+            set_deterministic(True, "npu")
+        monkeypatch.setenv("HCCL_DETERMINISTIC", "true")
+        set_deterministic(True, "npu")
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -113,8 +114,29 @@ def select_device(request: str = "auto", local_rank: int = 0) -> DeviceInfo:
     return DeviceInfo(kind, index, str(mod.get_device_name(index)))
 
 
-def supports_dtype(kind: str, dtype: str) -> bool:
-    """Whether ``dtype`` ("fp32", "bf16", "fp16", "fp64") is a sensible compute dtype on ``kind``."""
+NPU_SOCS_WITHOUT_BF16 = re.compile(r"^Ascend(910(PremiumA|ProA|ProB|A|B)|310\w*)$")
+"""SoC names (torch.npu.get_device_name) without bf16 compute: the first-generation Ascend 910 (910A/B, Pro,
+Premium; the 910B1..B4 of Atlas A2 and the 910_93xx of A3 have it) and the Ascend 310 inference chips."""
+
+
+def npu_bf16(soc: str) -> bool:
+    """Whether the Ascend SoC named ``soc`` (e.g. Ascend910B3, Ascend910A) computes in bf16."""
+    return not NPU_SOCS_WITHOUT_BF16.match(soc)
+
+
+def npu_soc() -> str:
+    """The SoC name of the current NPU as torch_npu reports it (e.g. Ascend910B3)."""
+    import torch
+
+    npu: Any = getattr(torch, "npu")  # noqa: B009 - registered by torch_npu, unknown to type checkers
+    return str(npu.get_device_name(npu.current_device()))
+
+
+def supports_dtype(kind: str, dtype: str, soc: str | None = None) -> bool:
+    """Whether ``dtype`` ("fp32", "bf16", "fp16", "fp64") is a sensible compute dtype on ``kind``.
+
+    On npu, bf16 depends on the SoC (``soc``; None asks torch_npu for the current device's).
+    """
     if dtype == "fp32":
         return True
     if dtype == "fp64":
@@ -124,7 +146,9 @@ def supports_dtype(kind: str, dtype: str) -> bool:
             import torch
 
             return bool(torch.cuda.is_bf16_supported())
-        return kind in ("npu", "cpu")
+        if kind == "npu":
+            return npu_bf16(npu_soc() if soc is None else soc)
+        return kind == "cpu"
     if dtype == "fp16":
         return kind in ("npu", "cuda")
     raise ValueError(f"unknown dtype {dtype!r}; allowed: fp32, bf16, fp16, fp64")
@@ -145,10 +169,8 @@ def cpu_flags(cpuinfo: str) -> set[str]:
 
 def fast_bf16(kind: str) -> bool:
     """Whether bf16 GEMMs beat fp32 on ``kind``: accelerators with bf16 units, CPUs with AVX512-BF16/AMX."""
-    if kind == "npu":
-        return True
-    if kind == "cuda":
-        return supports_dtype("cuda", "bf16")
+    if kind in ("npu", "cuda"):
+        return supports_dtype(kind, "bf16")
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = cpu_flags(f.read())
@@ -181,7 +203,11 @@ def seed_everything(seed: int, kind: str = "cpu") -> None:
 
 
 def set_deterministic(enabled: bool, kind: str = "cpu") -> None:
-    """Switch deterministic kernels on or off (warn-only so unsupported ops do not abort a run)."""
+    """Switch deterministic kernels on or off (warn-only so unsupported ops do not abort a run).
+
+    On npu, HCCL reads HCCL_DETERMINISTIC when its communicators start: once a process group exists the
+    variable must already be set (the operator sets it in the pods; :func:`init_distributed` takes it too).
+    """
     import torch
 
     torch.use_deterministic_algorithms(enabled, warn_only=True)
@@ -191,7 +217,12 @@ def set_deterministic(enabled: bool, kind: str = "cpu") -> None:
         if enabled:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if kind == "npu" and enabled:
-        os.environ.setdefault("HCCL_DETERMINISTIC", "true")
+        import torch.distributed as dist
+
+        if dist.is_initialized() and os.environ.get("HCCL_DETERMINISTIC", "").lower() != "true":
+            raise DeviceUnavailableError("deterministic: true on npu needs HCCL_DETERMINISTIC=true before the "
+                                         "process group starts; export it (trex's operator sets it in the pods)")
+        os.environ["HCCL_DETERMINISTIC"] = "true"
 
 
 def rng_state(kind: str = "cpu") -> dict[str, Any]:
@@ -226,13 +257,23 @@ def local_rank(rank: int, nproc_per_node: int) -> int:
     return rank % max(nproc_per_node, 1)
 
 
+def hccl_env(deterministic: bool) -> dict[str, str]:
+    """HCCL variables that must be in the environment before the process group starts."""
+    return {"HCCL_DETERMINISTIC": "true"} if deterministic else {}
+
+
 def init_distributed(kind: str, rank: int, world_size: int, master_addr: str, master_port: int,
-                     timeout_s: float = 1800.0) -> Any:
-    """Join the job's default process group (backend from the device kind) and return it for callers to pass on."""
+                     timeout_s: float = 1800.0, deterministic: bool = False) -> Any:
+    """Join the job's default process group (backend from the device kind) and return it for callers to pass on.
+
+    On npu the HCCL environment (:func:`hccl_env`) is set first: HCCL reads it when communicators start.
+    """
     from datetime import timedelta
 
     import torch.distributed as dist
 
+    if kind == "npu":
+        os.environ.update(hccl_env(deterministic))
     dist.init_process_group(backend=dist_backend(kind), init_method=f"tcp://{master_addr}:{master_port}",
                             rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     return dist.group.WORLD

@@ -57,6 +57,8 @@ SOCS: dict[str, SocSpec] = {
     "ascend310p": SocSpec(256 << 10, 8, 204.8e9, 8 * 2 * 64 * 1.08e9),
 }
 UB_ALIGN = 32
+CACHE_LINE = 64
+"""Bytes of one scalar data-cache line: rows a core writes through the scalar unit never share one."""
 ASCEND_KERNELS: dict[str, tuple[str, str]] = {
     "rmsnorm_fwd": ("rmsnorm_fwd.cpp", "trex_rmsnorm_fwd"),
     "swiglu_clamp_fwd": ("swiglu_clamp_fwd.cpp", "trex_swiglu_clamp_fwd"),
@@ -64,7 +66,9 @@ ASCEND_KERNELS: dict[str, tuple[str, str]] = {
     "rope_inv": ("rope.cpp", "trex_rope_inv"),
 }
 # queue slots per buffer (x BUFFER_NUM) and single scratch tiles, in TILE_LEN fp32 units
-_QUEUE_TILES = {"rmsnorm_fwd": (3, 2), "swiglu_clamp_fwd": (3, 1), "rope_fwd": (6, 1), "rope_inv": (6, 1)}
+_QUEUE_TILES = {"rmsnorm_fwd": (3, 1), "swiglu_clamp_fwd": (3, 1), "rope_fwd": (6, 1), "rope_inv": (6, 1)}
+_SCALAR_WRITERS = ("rmsnorm_fwd",)
+"""Kernels that write GM through the scalar unit (GlobalTensor::SetValue + DataCacheCleanAndInvalid)."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +91,19 @@ class AscendTiling:
                            self.last_tile_len, self.scalar)
 
 
+def reduce_work_len(count: int) -> int:
+    """fp32 elements ReduceSum's work buffer needs for ``count`` elements (CANN Ascend C API, ReduceSum): one
+    partial sum per 64-element repeat, rounded up to whole 32-byte blocks (8 fp32)."""
+    repeats = max(1, -(-count // 64))
+    return -(-repeats // 8) * 8
+
+
 def ub_bytes(kernel: str, params: Mapping[str, int]) -> int:
     """UB bytes the kernel allocates for these parameters (fp32 elements)."""
     q, scratch = _QUEUE_TILES[kernel]
-    return (q * int(params["BUFFER_NUM"]) + scratch) * int(params["TILE_LEN"]) * 4
+    tile = int(params["TILE_LEN"])
+    extra = (reduce_work_len(tile) + 16) * 4 if kernel == "rmsnorm_fwd" else 0
+    return (q * int(params["BUFFER_NUM"]) + scratch) * tile * 4 + extra
 
 
 def _rows_cols(spec: KernelSpec, shape: Mapping[str, int]) -> tuple[int, int, float]:
@@ -120,6 +133,9 @@ def make_tiling(spec: KernelSpec, shape: Mapping[str, int], params: Mapping[str,
     if (cols * 4) % UB_ALIGN:
         raise ValueError(f"row length {cols} fp32 is not 32-byte aligned; these templates copy whole 32 B blocks")
     per_core = -(-rows // cores)
+    if spec.name in _SCALAR_WRITERS:  # whole cache lines of the per-row output per core
+        line = CACHE_LINE // 4
+        per_core = -(-per_core // line) * line
     tile_num = -(-cols // tile)
     last = cols - (tile_num - 1) * tile
     return AscendTiling(rows, cols, per_core, tile, tile_num, last, scalar, -(-rows // per_core), used)
@@ -130,13 +146,44 @@ def _template(name: str) -> str:
 
 
 def cann_home() -> Path | None:
-    """The CANN toolkit root when installed (ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME, or next to ccec)."""
+    """The CANN toolkit root when installed (ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME, or three levels above
+    ccec's bin directory: <home>/{compiler,tools,<arch>-linux}/ccec_compiler/bin/ccec)."""
     for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
         v = os.environ.get(var)
         if v and Path(v).exists():
             return Path(v)
     ccec = shutil.which("ccec")
-    return Path(ccec).resolve().parents[2] if ccec else None
+    return Path(ccec).absolute().parents[3] if ccec else None
+
+
+CANN_LAYOUTS = ("compiler", "tools", "aarch64-linux", "x86_64-linux")
+"""Directories under the CANN root that have held tikcpp/ and ccec_compiler/ across CANN releases."""
+
+
+def ascendc_cmake_dir(home: Path) -> Path | None:
+    """The directory of CANN's ascendc.cmake (ascendc_library()) under ``home``, whichever layout it ships."""
+    candidates = [home / d / "tikcpp" / "ascendc_kernel_cmake" for d in CANN_LAYOUTS]
+    candidates.append(home / "ascendc_devkit" / "tikcpp" / "samples" / "cmake")
+    return next((c for c in candidates if (c / "ascendc.cmake").is_file()), None)
+
+
+SOC_VERSIONS = {"ascend910b": "Ascend910B1", "ascend910c": "Ascend910_9391", "ascend310p": "Ascend310P3"}
+"""CANN SOC_VERSION each catalog SoC is built for."""
+
+
+def cmake_lists(entry: str, soc_version: str, home: Path, cmake_dir: Path) -> str:
+    """CMakeLists.txt building the kernel ``entry`` into lib<entry>.so with CANN's ascendc_library()."""
+    return ("cmake_minimum_required(VERSION 3.16)\nproject(trex_ascendc LANGUAGES CXX)\n"
+            f"set(SOC_VERSION {soc_version})\nset(ASCEND_CANN_PACKAGE_PATH {home})\n"
+            f"include({cmake_dir}/ascendc.cmake)\n"
+            f"ascendc_library({entry} SHARED {entry}.cpp)\n")
+
+
+def _dcci(soc: str) -> str:
+    """DataCacheCleanAndInvalid of one GM cache line: Atlas inference AI cores (310P) take no DcciDst."""
+    if soc == "ascend310p":
+        return "DataCacheCleanAndInvalid<float, CacheLine::SINGLE_CACHE_LINE>(g)"
+    return "DataCacheCleanAndInvalid<float, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(g)"
 
 
 class AscendCompiled(Compiled):
@@ -193,8 +240,10 @@ class AscendCBackend(Backend):
         if not self.supports(spec, dtype):
             raise ValueError(f"npu-ascendc has no {dtype} template for {spec.name}")
         fname, entry = ASCEND_KERNELS[spec.name]
-        head = [f"// trex npu-ascendc {spec.name} soc={self.soc}", f"#define TILE_LEN {int(params['TILE_LEN'])}",
-                f"#define BUFFER_NUM {int(params['BUFFER_NUM'])}", f"#define KERNEL_NAME {entry}"]
+        tile = int(params["TILE_LEN"])
+        head = [f"// trex npu-ascendc {spec.name} soc={self.soc}", f"#define TILE_LEN {tile}",
+                f"#define BUFFER_NUM {int(params['BUFFER_NUM'])}", f"#define KERNEL_NAME {entry}",
+                f"#define RED_WORK_LEN {reduce_work_len(tile)}", f"#define TREX_DCCI(g) {_dcci(self.soc)}"]
         body = _template(fname).replace('#include "tiling.h"', _template("tiling.h"))
         return "\n".join(head) + "\n" + body
 
@@ -223,20 +272,26 @@ class AscendCBackend(Backend):
 
     def compile(self, spec: KernelSpec, params: Mapping[str, int], dtype: str) -> AscendCompiled:
         home = cann_home()
-        if home is None or (shutil.which("ccec") is None and not (home / "compiler" / "ccec_compiler").exists()):
+        has_ccec = shutil.which("ccec") is not None or (
+            home is not None and any((home / d / "ccec_compiler").exists() for d in CANN_LAYOUTS))
+        if home is None or not has_ccec:
             raise BackendUnavailable("npu-ascendc needs CANN: set ASCEND_HOME_PATH (or put ccec on PATH); "
                                      "rendering and tiling work without it, compiling and running do not")
+        cmake_dir = ascendc_cmake_dir(home)
+        if cmake_dir is None:
+            raise BackendUnavailable(f"npu-ascendc: no tikcpp/ascendc_kernel_cmake/ascendc.cmake under {home} "
+                                     f"({', '.join(CANN_LAYOUTS)} or ascendc_devkit); is the CANN toolkit complete?")
         try:
             import torch_npu  # noqa: F401
         except ImportError as e:
             raise BackendUnavailable("npu-ascendc runs kernels through torch_npu, which is not installed") from e
         src = self.render(spec, params, dtype)
         digest = source_hash(src + self.soc)
-        lib_path = self._build(src, digest, ASCEND_KERNELS[spec.name][1], home)
+        lib_path = self._build(src, digest, ASCEND_KERNELS[spec.name][1], home, cmake_dir)
         return AscendCompiled(spec, dict(params), dtype, digest, ctypes.CDLL(str(lib_path)),
                               ASCEND_KERNELS[spec.name][1], self.soc)
 
-    def _build(self, src: str, digest: str, entry: str, home: Path) -> Path:
+    def _build(self, src: str, digest: str, entry: str, home: Path, cmake_dir: Path) -> Path:
         """ascendc_library() through CANN's CMake module; output cached by source hash."""
         out = self.cache_dir / digest
         lib = out / "build" / "lib" / f"lib{entry}.so"
@@ -244,12 +299,8 @@ class AscendCBackend(Backend):
             return lib
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{entry}.cpp").write_text(src, encoding="utf-8")
-        soc_version = {"ascend910b": "Ascend910B1", "ascend910c": "Ascend910_9391", "ascend310p": "Ascend310P3"}[self.soc]
-        (out / "CMakeLists.txt").write_text(
-            "cmake_minimum_required(VERSION 3.16)\nproject(trex_ascendc LANGUAGES CXX)\n"
-            f"set(SOC_VERSION {soc_version})\nset(ASCEND_CANN_PACKAGE_PATH {home})\n"
-            "include(${ASCEND_CANN_PACKAGE_PATH}/compiler/tikcpp/ascendc_kernel_cmake/ascendc.cmake)\n"
-            f"ascendc_library({entry} SHARED {entry}.cpp)\n", encoding="utf-8")
+        (out / "CMakeLists.txt").write_text(cmake_lists(entry, SOC_VERSIONS[self.soc], home, cmake_dir),
+                                            encoding="utf-8")
         for cmd in (["cmake", "-S", str(out), "-B", str(out / "build")], ["cmake", "--build", str(out / "build"), "-j"]):
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:

@@ -1,5 +1,9 @@
 /* RMSNorm forward on one AI core's rows: pass 1 accumulates x^2 tile by tile, pass 2 scales by rstd * w.
-   Rendered constants: TILE_LEN, BUFFER_NUM (2 = double buffering of the in/out queues). */
+   Rendered constants: TILE_LEN, BUFFER_NUM (2 = double buffering of the in/out queues), RED_WORK_LEN (the
+   ReduceSum work buffer for TILE_LEN fp32: ceil(TILE_LEN / 64) rounded up to 8 elements) and TREX_DCCI(g)
+   (DataCacheCleanAndInvalid of one cache line, in the SoC's form).
+   Scalar reads of vector results wait on a V->S flag; rstd is written by the scalar unit, so each line is
+   cleaned out to GM (the host tiling gives every core whole 64-byte lines of rstd). */
 #include "kernel_operator.h"
 #include "tiling.h"
 using namespace AscendC;
@@ -18,7 +22,8 @@ public:
     pipe_.InitBuffer(wQ_, BUFFER_NUM, TILE_LEN * sizeof(float));
     pipe_.InitBuffer(outQ_, BUFFER_NUM, TILE_LEN * sizeof(float));
     pipe_.InitBuffer(sq_, TILE_LEN * sizeof(float));
-    pipe_.InitBuffer(red_, TILE_LEN * sizeof(float));
+    pipe_.InitBuffer(work_, RED_WORK_LEN * sizeof(float));
+    pipe_.InitBuffer(red_, 16 * sizeof(float));  /* [0, 8): the reduction / rstd, [8, 16): ones */
   }
   __aicore__ inline void Process() {
     for (uint32_t r = 0; r < rows_; ++r) {
@@ -30,12 +35,13 @@ public:
         LocalTensor<float> sq = sq_.Get<float>();
         LocalTensor<float> red = red_.Get<float>();
         Mul(sq, x, x, n);
-        ReduceSum(red, sq, sq, n);
-        ss += red.GetValue(0);
+        ReduceSum(red, sq, work_.Get<float>(), n);
         inQ_.FreeTensor(x);
+        ss += ScalarRead(red);
       }
-      const float rs = 1.0f / sqrt(ss / (float)t_.cols + t_.scalar);
+      const float rs = Rstd(ss / (float)t_.cols + t_.scalar);
       rGm_.SetValue(r, rs);
+      TREX_DCCI(rGm_[r]);
       for (uint32_t i = 0; i < t_.tileNum; ++i) {
         const uint32_t n = Len(i);
         CopyIn(inQ_, xGm_, (uint64_t)r * t_.cols + i * TILE_LEN, n);
@@ -57,6 +63,22 @@ public:
 private:
   __aicore__ inline uint32_t Len(uint32_t i) const { return i + 1 == t_.tileNum ? t_.lastTileLen : TILE_LEN; }
   __aicore__ inline uint32_t Align(uint32_t n) const { return (n + 7u) / 8u * 8u; }  /* 8 floats = 32 bytes */
+  /* element 0 of a vector result, read by the scalar unit once the vector pipe has written it */
+  __aicore__ inline float ScalarRead(const LocalTensor<float> &v) {
+    event_t ev = static_cast<event_t>(GetTPipePtr()->FetchEventID(HardEvent::V_S));
+    SetFlag<HardEvent::V_S>(ev);
+    WaitFlag<HardEvent::V_S>(ev);
+    return v.GetValue(0);
+  }
+  /* 1 / sqrt(v) on the vector unit (exact Div, not an approximate reciprocal) */
+  __aicore__ inline float Rstd(float v) {
+    LocalTensor<float> red = red_.Get<float>();
+    Duplicate(red, v, 8);
+    Duplicate(red[8], 1.0f, 8);
+    Sqrt(red, red, 8);
+    Div(red, red[8], red, 8);
+    return ScalarRead(red);
+  }
   template <typename Q>
   __aicore__ inline void CopyIn(Q &q, GlobalTensor<float> &g, uint64_t off, uint32_t n) {
     LocalTensor<float> l = q.template AllocTensor<float>();
@@ -66,7 +88,7 @@ private:
   TPipe pipe_;
   TQue<QuePosition::VECIN, BUFFER_NUM> inQ_, wQ_;
   TQue<QuePosition::VECOUT, BUFFER_NUM> outQ_;
-  TBuf<QuePosition::VECCALC> sq_, red_;
+  TBuf<QuePosition::VECCALC> sq_, work_, red_;
   GlobalTensor<float> xGm_, wGm_, yGm_, rGm_;
   TrexTiling t_;
   uint32_t rows_ = 0;
