@@ -69,9 +69,18 @@ when the program exits.
 """
 
 from trex.sandbox.protocol import PREFIX, STATUSES, format_protocol, parse_protocol
-from trex.sandbox.runner import Limits, SandboxResult, isolation_mode, run_python, run_python_async
+from trex.sandbox.runner import (
+    ISOLATION_LEVELS,
+    Limits,
+    SandboxResult,
+    isolation_mode,
+    require_isolation,
+    run_python,
+    run_python_async,
+)
 
 __all__ = [
+    "ISOLATION_LEVELS",
     "PREFIX",
     "STATUSES",
     "Limits",
@@ -79,6 +88,7 @@ __all__ = [
     "format_protocol",
     "isolation_mode",
     "parse_protocol",
+    "require_isolation",
     "run_python",
     "run_python_async",
 ]
