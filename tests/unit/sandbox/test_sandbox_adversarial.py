@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from trex.sandbox import ISOLATION_LEVELS, Limits, SandboxResult, require_isolation, run_python
-from trex.sandbox.runner import MODE_VAR, ZYGOTE_VAR, kernel_fs_available, namespaces_available
+from trex.sandbox.runner import MODE_VAR, WARM_VAR, ZYGOTE_VAR, kernel_fs_available, namespaces_available
 
 MODES = (["kernel-fs"] if kernel_fs_available(sys.executable) else []) + (
     ["namespaces"] if namespaces_available() else []) + ["audit"]
@@ -36,11 +36,14 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-@pytest.fixture
-def kernel_fs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(params=["warm", "cold"])
+def kernel_fs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernel-fs through the warm fork server inside bwrap, and cold (bwrap per run)."""
     if not KERNEL_FS:
         pytest.skip("bubblewrap cannot run here: kernel-fs checks need it (make test installs it)")
     monkeypatch.setenv(MODE_VAR, "kernel-fs")
+    monkeypatch.setenv(ZYGOTE_VAR, "auto")
+    monkeypatch.setenv(WARM_VAR, "auto" if request.param == "warm" else "off")
 
 
 def _src(text: str) -> str:

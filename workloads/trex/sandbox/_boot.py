@@ -447,7 +447,12 @@ def _exec_bwrap(cfg: dict[str, Any], fds: dict[int, int]) -> None:
     r, w = os.pipe()
     os.write(w, seccomp_filter(os.uname().machine, bool(cfg["network"])))
     os.close(w)
-    fds = {**fds, SECCOMP_FD: r}
+    _place_fds({**fds, SECCOMP_FD: r})
+    os.execv(cfg["exec"][0], cfg["exec"])
+
+
+def _place_fds(fds: dict[int, int]) -> None:
+    """Put each source descriptor on its target number and close every descriptor above them."""
     import fcntl
 
     moved = {src: fcntl.fcntl(src, fcntl.F_DUPFD, 64) for src in set(fds.values())}  # above every target
@@ -456,7 +461,115 @@ def _exec_bwrap(cfg: dict[str, Any], fds: dict[int, int]) -> None:
     for fd in moved.values():
         os.close(fd)
     os.closerange(max(fds) + 1, 1 << 16)
-    os.execv(cfg["exec"][0], cfg["exec"])
+
+
+# --- kernel-fs warm path: one bwrap sandbox holds the fork server, every run gets namespaces of its own ----
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_MS_REC, _MS_PRIVATE, _MNT_DETACH = 16384, 1 << 18, 2
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUTS = 0x00020000, 0x08000000, 0x04000000
+RUNS = "/.trex-runs"
+"""Inside the warm sandbox: read-only bind of the host folder holding every run's inputs."""
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    libc = _libc()
+    if libc.mount(source.encode(), target.encode(), None if fstype is None else fstype.encode(), flags,
+                  None if data is None else data.encode()) != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, f"trex.sandbox: mount {target} failed: {os.strerror(err)}")
+
+
+def _drop_privileges(network: bool) -> None:
+    """Warm run's PID 1: no capabilities (bounding, ambient, effective, permitted), no new privileges, then
+    the seccomp filter, so the run ends up where a cold bwrap run starts."""
+    import ctypes
+
+    libc = _libc()
+    for cap in range(64):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP; EINVAL past the last capability
+            break
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    if libc.capset(header, data) != 0 or libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "trex.sandbox: cannot drop capabilities")
+    bpf = seccomp_filter(os.uname().machine, network)
+
+    class _Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    prog = _Prog(len(bpf) // 8, bpf)
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "trex.sandbox: cannot install the seccomp filter")
+
+
+def _warm_job(msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    """Fork-server child in the warm sandbox: private mount/PID/IPC/UTS/network namespaces, a tmpfs work
+    folder with the quota, a read-only view of everything else; its child (PID 1 of the run) mounts a
+    fresh /proc, drops every privilege and supervises. This process waits on the lifeline pipe and kills
+    the run when the parent closes it. Returns only in the user program."""
+    import signal
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    out_fd, err_fd, status_fd, records_fd, collect_fd, lifeline = fds[:6]
+    if msg.get("cgroup"):
+        os.write(fds[6], b"0")  # an opened cgroup.procs of the run's pids cgroup: "0" moves this process
+        os.close(fds[6])
+    os.write(status_fd, f"pid {os.getpid()}\n".encode())
+    null = os.open(os.devnull, os.O_RDONLY)
+    for src, dst in ((null, 0), (out_fd, 1), (err_fd, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    cfg = parse_config(msg["argv"])
+    os.environ.clear()
+    os.environ.update(msg["env"])
+    try:
+        _unshare(_CLONE_NEWNS | CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS | CLONE_NEWNET)
+        _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+        quota = f"size={int(msg['disk_mb'])}m,mode=0755"
+        for target, data in ((cfg["dir"], quota), (os.path.dirname(cfg["counter"]), "size=1m,mode=0755"),
+                             ("/dev/shm", "size=16m,mode=1777")):
+            if os.path.isdir(target):
+                _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, data)
+        _copy_inputs(cfg["inputs"], cfg["dir"])
+        cfg["inputs"] = ""
+        _libc().umount2(RUNS.encode(), _MNT_DETACH)  # other runs' inputs leave this run's view
+        for target in ("/", "/dev"):  # keep the flags the sandbox's own mounts are locked with
+            kept = os.statvfs(target).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
+        sup = os.fork()
+    except BaseException as exc:
+        os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
+        os.write(status_fd, b"status e 126\n")
+        os._exit(126)
+    if sup == 0:
+        try:
+            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            _drop_privileges(bool(cfg["network"]))
+            _place_fds({STATUS_FD: status_fd, RECORDS_FD: records_fd, COLLECT_FD: collect_fd})
+        except BaseException as exc:
+            os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
+            os.write(status_fd, b"status e 126\n")
+            os._exit(126)
+        cfg["records_fd"] = RECORDS_FD
+        _supervise(cfg)
+        return cfg
+    for fd in (0, 1, 2, status_fd, records_fd, collect_fd):
+        os.close(fd)
+    while True:  # until the parent closes the lifeline (it read the status, or gave up on the run)
+        try:
+            if not os.read(lifeline, 64):
+                break
+        except InterruptedError:
+            continue
+    try:
+        os.kill(sup, signal.SIGKILL)  # PID 1 of the run: the kernel ends everything left in it
+    except ProcessLookupError:
+        pass
+    os.waitpid(sup, 0)
+    os._exit(0)
 
 
 # --- the solver recorder ------------------------------------------------------------------------------
@@ -618,23 +731,24 @@ def _job(payload: bytes, fds: list[int]) -> dict[str, Any]:
 def _zygote(ctl_fd: int) -> dict[str, Any]:
     """Serve run requests (payload + stdout/stderr/status/records[/collect] fds) by forking; returns only in a
     user program."""
-    import json  # noqa: F401  (imported once here, used by every job)
+    import json
     import signal
     import socket
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # finished jobs are reaped by the kernel
     sock = socket.socket(fileno=ctl_fd)
     while True:
-        payload, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 5)
+        payload, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
         if not payload:
             os._exit(0)  # the parent went away
-        if len(fds) not in (4, 5):
+        if len(fds) < 4:
             for fd in fds:
                 os.close(fd)
             continue
         if os.fork() == 0:
             sock.close()
-            return _job(payload, fds)
+            msg = json.loads(payload)
+            return _warm_job(msg, fds) if "disk_mb" in msg else _job(payload, fds)
         for fd in fds:
             os.close(fd)
 

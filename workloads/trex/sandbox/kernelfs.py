@@ -20,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from trex.sandbox._boot import SECCOMP_FD
+from trex.sandbox._boot import RUNS, SECCOMP_FD
 
 BWRAP_VAR = "TREX_SANDBOX_BWRAP"
 WORKDIR = "/sandbox"
@@ -70,22 +70,34 @@ def minimal_binds(paths: Sequence[str]) -> list[str]:
     return kept
 
 
-def bwrap_command(bwrap: str, roots: Sequence[str], host_inputs: str, disk_mb: int, network: bool,
-                  inner: Sequence[str]) -> list[str]:
-    """The bwrap argv that runs ``inner`` in the minimal root described in the module docstring."""
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
-    if network:
-        argv.append("--share-net")
-    argv += ["--ro-bind", "/usr", "/usr"]
+def _root(roots: Sequence[str], network: bool) -> list[str]:
+    """bwrap options of the minimal root: /usr, the merged-/usr links, ``roots`` and a few /etc files."""
+    argv = ["--ro-bind", "/usr", "/usr"]
     for name in _TOP_LINKS:
         host = "/" + name
         if os.path.islink(host):
             argv += ["--symlink", os.readlink(host), host]
         elif os.path.isdir(host):
             argv += ["--ro-bind", host, host]
-    etc = [*_ETC, *(_ETC_NET if network else ())]
-    for p in minimal_binds([*roots, *etc]):
+    for p in minimal_binds([*roots, *_ETC, *(_ETC_NET if network else ())]):
         argv += ["--ro-bind", p, p]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--dir", STATE, "--size", str(disk_mb << 20), "--tmpfs", WORKDIR,
-             "--ro-bind", host_inputs, INPUTS, "--chdir", WORKDIR, "--seccomp", str(SECCOMP_FD), "--", *inner]
-    return argv
+    return [*argv, "--proc", "/proc", "--dev", "/dev", "--dir", STATE]
+
+
+def bwrap_command(bwrap: str, roots: Sequence[str], host_inputs: str, disk_mb: int, network: bool,
+                  inner: Sequence[str]) -> list[str]:
+    """The bwrap argv that runs ``inner`` in the minimal root described in the module docstring."""
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
+    if network:
+        argv.append("--share-net")
+    return [*argv, *_root(roots, network), "--size", str(disk_mb << 20), "--tmpfs", WORKDIR,
+            "--ro-bind", host_inputs, INPUTS, "--chdir", WORKDIR, "--seccomp", str(SECCOMP_FD), "--", *inner]
+
+
+def warm_command(bwrap: str, roots: Sequence[str], host_runs: str) -> list[str]:
+    """The bwrap prefix of the warm fork server: the same minimal root, every run's inputs read-only at
+    ``RUNS``, and the capabilities of its own user namespace, which each run gives up (see ``_warm_job``).
+    No ``--disable-userns``: its nested namespace would lock the mounts a run must make; the run's
+    seccomp filter refuses new user namespaces instead."""
+    return [bwrap, "--unshare-all", "--unshare-user", "--new-session", "--cap-add", "ALL",
+            *_root(roots, False), "--dir", WORKDIR, "--ro-bind", host_runs, RUNS, "--"]

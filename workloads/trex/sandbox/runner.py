@@ -33,6 +33,7 @@ from trex.sandbox._boot import (
     EXEC_MARK,
     MAX_RECORDS,
     RECORDS_FD,
+    RUNS,
 )
 from trex.sandbox.protocol import parse_protocol
 
@@ -618,6 +619,10 @@ class _Exec:
     def exited(self) -> bool:
         return self.proc.poll() is not None
 
+    def stop(self, mode: str, sandbox_id: str) -> None:
+        """Kill what is left of the run."""
+        _kill_tree(self.pgid, mode, sandbox_id)
+
     def wait(self) -> tuple[int | None, int | None]:
         rc = self.proc.wait()
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -641,17 +646,19 @@ class ZygoteUnavailable(RuntimeError):
 class _Zygote:
     """A fork server: one pristine ``python -I`` per interpreter path that forks a process per run.
 
-    It saves the interpreter start-up of every namespaces run (a kernel-fs run's process is forked
-    from it too, joins the cgroup and execs bubblewrap). Each run's process is forked from a state
-    that never ran user code, then does exactly what a fresh bootstrap does. Runs share the
+    It saves the interpreter start-up of every namespaces run (a cold kernel-fs run's launcher is
+    forked from it too, joins the cgroup and execs bubblewrap). Each run's process is forked from a
+    state that never ran user code, then does exactly what a fresh bootstrap does. Runs share the
     interpreter's hash seed.
     """
 
-    def __init__(self, python: str) -> None:
+    runs_dir: Path | None = None
+
+    def __init__(self, python: str, wrap: Sequence[str] = ()) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [python, "-I", "-c", _BOOT_SOURCE, "--zygote", str(child.fileno())], pass_fds=(child.fileno(),),
+                [*wrap, python, "-I", "-c", _BOOT_SOURCE, "--zygote", str(child.fileno())], pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, start_new_session=True,
             )
@@ -677,18 +684,40 @@ class _Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.runs_dir is not None:
+            shutil.rmtree(self.runs_dir, ignore_errors=True)
 
 
-_ZYGOTES: dict[str, _Zygote] = {}
+class _WarmZygote(_Zygote):
+    """The kernel-fs warm path: a fork server inside one long-lived bwrap sandbox (the minimal root, all
+    capabilities of its own user namespace, no seccomp yet). Each run's process enters private mount,
+    PID, IPC, UTS and network namespaces, mounts its tmpfs quota, hides every other run's inputs,
+    remounts the rest read-only, and its PID 1 drops every capability and installs the seccomp
+    filter before the program's first line: the boundary of a cold bwrap run without its start-up."""
+
+    def __init__(self, python: str, read: Sequence[str]) -> None:
+        bwrap = kernelfs.bwrap_path()
+        if bwrap is None:
+            raise ZygoteUnavailable("no bubblewrap")
+        self.runs_dir = Path(tempfile.mkdtemp(prefix="trex-sandbox-runs-"))
+        roots = [*kernelfs.interpreter_roots(python), *read]
+        super().__init__(python, kernelfs.warm_command(bwrap, roots, str(self.runs_dir)))
+
+
+_ZYGOTES: dict[tuple[str, ...], _Zygote] = {}
 _ZYGOTE_LOCK = threading.Lock()
 ZYGOTE_VAR = "TREX_SANDBOX_ZYGOTE"
 
 
-def _zygote_for(python: str) -> _Zygote:
+def _zygote_for(python: str, warm_read: Sequence[str] | None = None) -> _Zygote:
+    """The fork server of ``python`` (with ``warm_read``: the kernel-fs warm one binding those paths)."""
+    key = (python,) if warm_read is None else ("kernel-fs", python, *warm_read)
     with _ZYGOTE_LOCK:
-        z = _ZYGOTES.get(python)
+        z = _ZYGOTES.get(key)
         if z is None or not z.alive():
-            z = _ZYGOTES[python] = _Zygote(python)
+            if z is not None:
+                z.close()
+            z = _ZYGOTES[key] = _Zygote(python) if warm_read is None else _WarmZygote(python, warm_read)
         return z
 
 
@@ -703,12 +732,14 @@ def _close_zygotes() -> None:
 class _Forked:
     """A run forked by the zygote; its status comes back on a pipe (``pid N``, then ``status e|s N``)."""
 
-    def __init__(self, zygote: _Zygote, argv: list[str], env: dict[str, str], extra_fds: list[int]) -> None:
+    def __init__(self, zygote: _Zygote, argv: list[str], env: dict[str, str], extra_fds: list[int],
+                 extra: Mapping[str, Any] | None = None) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
         try:
-            zygote.send(json.dumps({"argv": argv, "env": env}).encode(), [out_w, err_w, st_w, *extra_fds])
+            msg = {"argv": argv, "env": env, **(extra or {})}
+            zygote.send(json.dumps(msg).encode(), [out_w, err_w, st_w, *extra_fds])
         except OSError as exc:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
@@ -760,6 +791,35 @@ class _Forked:
             except OSError:
                 pass
 
+    def stop(self, mode: str, sandbox_id: str) -> None:
+        """Kill what is left of the run."""
+        _kill_tree(self.pgid, mode, sandbox_id)
+
+
+class _WarmRun(_Forked):
+    """A run of the warm kernel-fs fork server: its pid is one of the sandbox's, so it is never signalled
+    from here; closing the lifeline makes its launcher kill the run's PID 1."""
+
+    def __init__(self, zygote: _Zygote, argv: list[str], env: dict[str, str], extra_fds: list[int],
+                 extra: Mapping[str, Any], lifeline: int) -> None:
+        self.lifeline = lifeline
+        try:
+            super().__init__(zygote, argv, env, extra_fds, extra)
+        except ZygoteUnavailable:
+            self.stop("kernel-fs", "")
+            raise
+
+    def stop(self, mode: str, sandbox_id: str) -> None:
+        if self.lifeline >= 0:
+            os.close(self.lifeline)
+            self.lifeline = -1
+
+    def wait(self) -> tuple[int | None, int | None]:
+        try:
+            return super().wait()
+        finally:
+            self.stop("kernel-fs", "")
+
 
 def _use_zygote(mode: str) -> bool:
     wanted = os.environ.get(ZYGOTE_VAR, "auto")
@@ -795,12 +855,30 @@ def _close_all(fds: Sequence[int]) -> None:
             pass
 
 
+WARM_VAR = "TREX_SANDBOX_WARM"
+
+
+def _warm_zygote(mode: str, limits: Limits, interpreter: str, read: Sequence[str]) -> _Zygote | None:
+    """The kernel-fs warm fork server for this run, or None (another mode, networking, disabled, unavailable)."""
+    if mode != "kernel-fs" or limits.network or not _use_zygote(mode) or os.environ.get(WARM_VAR, "auto") == "off":
+        return None
+    try:
+        return _zygote_for(interpreter, tuple(read))
+    except (OSError, ZygoteUnavailable):
+        return None
+
+
 def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes], names: Sequence[str],
          interpreter: str, env: Mapping[str, str] | None) -> SandboxResult:
     sandbox_id = uuid.uuid4().hex
-    root = Path(tempfile.mkdtemp(prefix="trex-sandbox-"))
-    cgroup: Path | None = None
     kfs = mode == "kernel-fs"
+    read = [os.path.abspath(p) for p in limits.read_paths]
+    lic = os.environ.get("GRB_LICENSE_FILE")
+    if lic:
+        read.append(os.path.abspath(lic))
+    warm = _warm_zygote(mode, limits, interpreter, read)
+    root = Path(tempfile.mkdtemp(prefix="trex-sandbox-", dir=None if warm is None else warm.runs_dir))
+    cgroup: Path | None = None
     try:
         work = root / "work"
         work.mkdir()
@@ -814,11 +892,9 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
         run_uid = RUN_UID_BASE + secrets.randbelow(RUN_UID_SPAN) if drop else None
         if run_uid is not None:
             _prepare_for_uid(root, work, run_uid)
-        nproc = limits.max_processes if (mode != "audit" and (drop or os.geteuid() != 0)) else 0
-        read = [os.path.abspath(p) for p in limits.read_paths]
-        lic = os.environ.get("GRB_LICENSE_FILE")
-        if lic:
-            read.append(os.path.abspath(lic))
+        # RLIMIT_NPROC counts per user namespace: one per cold run, but warm runs share the server's.
+        own_ns = mode != "audit" and warm is None
+        nproc = limits.max_processes if (own_ns and (drop or os.geteuid() != 0)) else 0
         cfg: dict[str, Any] = {
             "dir": kernelfs.WORKDIR if kfs else str(work), "script": SCRIPT_NAME, "mode": mode,
             "counter": f"{kernelfs.STATE}/proc_count" if kfs else str(root / "proc_count"),
@@ -827,42 +903,25 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
             "cgroup": "", "rlimits": f"{limits.cpu_s},{limits.memory_mb},{limits.max_file_mb},"
                                      f"{limits.max_open_files},{nproc}",
             "uid": "" if run_uid is None else str(run_uid), "records_fd": RECORDS_FD, "pipes": "",
-            "collect": "\n".join(names), "inputs": kernelfs.INPUTS if kfs else "", "model_cap": limits.max_model_kb << 10,
+            "collect": "\n".join(names), "model_cap": limits.max_model_kb << 10,
+            "inputs": "" if not kfs else (kernelfs.INPUTS if warm is None else f"{RUNS}/{root.name}/work"),
         }
         child_env = _child_env(cfg["dir"], sandbox_id, env)
-        rec_r, rec_w = os.pipe()
-        col_r, col_w = os.pipe() if kfs else (-1, -1)
-        st_r, st_w = os.pipe() if kfs else (-1, -1)
-        command: list[str] = []
-        if kfs:
-            bwrap = kernelfs.bwrap_path()
-            if bwrap is None:
-                raise RuntimeError("kernel-fs isolation needs bubblewrap (bwrap)")
-            roots = [*kernelfs.interpreter_roots(interpreter), *read]
-            command = kernelfs.bwrap_command(bwrap, roots, str(work), limits.max_disk_mb, limits.network,
-                                             [interpreter, "-I", "-c", _BOOT_SOURCE, *_boot_args(cfg)])
-        cfg["cgroup"] = str(cgroup) if cgroup is not None else ""
         cap = limits.max_output_kb * 1024
         start = time.monotonic()
+        rec_r, rec_w = os.pipe()
+        col_r, col_w = os.pipe() if kfs else (-1, -1)
+        parent_ends = [rec_r, col_r]
         run: _Exec | _Forked
-        parent_ends = [rec_r, col_r, st_r]
         try:
             try:
-                if not _use_zygote(mode):
-                    raise ZygoteUnavailable("disabled")
-                extra = [rec_w, col_w] if kfs else [rec_w]
-                run = _Forked(_zygote_for(interpreter), _boot_args(cfg, command), child_env, extra)
-                _close_all([st_r, st_w])  # the fork server's own status pipe carries the status
-                parent_ends.remove(st_r)
+                if warm is None:
+                    raise ZygoteUnavailable("cold")
+                run = _start_warm(warm, cfg, child_env, [rec_w, col_w], cgroup, limits.max_disk_mb)
             except ZygoteUnavailable:
-                cfg["records_fd"] = rec_w
-                cfg["pipes"] = f"{st_w},{col_w}" if kfs else ""
-                run = _Exec([interpreter, "-I", "-c", _BOOT_SOURCE, *_boot_args(cfg, command)], child_env, work,
-                            [fd for fd in (rec_w, st_w, col_w) if fd >= 0], st_r if kfs else None)
-                if kfs:
-                    parent_ends.remove(st_r)  # closed by _Exec.wait
+                run = _start_cold(cfg, mode, interpreter, child_env, work, limits, cgroup, rec_w, col_w)
         finally:
-            _close_all([fd for fd in (rec_w, col_w, st_w) if fd >= 0])
+            _close_all([fd for fd in (rec_w, col_w) if fd >= 0])
         streams = [_Stream(run.out_fd, cap, True), _Stream(run.err_fd, cap, True),
                    _Stream(rec_r, MAX_RECORDS * ((limits.max_model_kb << 10) + 4096), False)]
         if kfs:
@@ -873,8 +932,8 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
             finally:
                 # A forked run that reported its status left nothing behind (its PID namespace is gone)
                 # and its process, reaped already, may have lent its number to another group.
-                if isinstance(run, _Exec) or not run.exited():
-                    _kill_tree(run.pgid, mode, sandbox_id)
+                if isinstance(run, _Exec | _WarmRun) or not run.exited():
+                    run.stop(mode, sandbox_id)
                 exit_code, sig = run.wait()
         finally:
             _close_all([fd for fd in parent_ends if fd >= 0])
@@ -893,6 +952,47 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
         if cgroup is not None:
             _remove_cgroup(cgroup)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_warm(zygote: _Zygote, cfg: dict[str, Any], env: dict[str, str], pipes: list[int], cgroup: Path | None,
+                disk_mb: int) -> _WarmRun:
+    """Hand the run to the warm kernel-fs fork server (records and collect pipes, lifeline, cgroup.procs)."""
+    life_r, life_w = os.pipe()
+    cg = os.open(cgroup / "cgroup.procs", os.O_WRONLY) if cgroup is not None else -1
+    try:
+        fds = [*pipes, life_r] + ([cg] if cg >= 0 else [])
+        extra = {"disk_mb": disk_mb, "cgroup": cg >= 0}
+        return _WarmRun(zygote, _boot_args(cfg), env, fds, extra, life_w)
+    finally:
+        _close_all([fd for fd in (life_r, cg) if fd >= 0])
+
+
+def _start_cold(cfg: dict[str, Any], mode: str, interpreter: str, env: dict[str, str], work: Path, limits: Limits,
+                cgroup: Path | None, rec_w: int, col_w: int) -> _Exec | _Forked:
+    """Start the run through the plain fork server (namespaces; the kernel-fs launcher) or a fresh interpreter."""
+    command: list[str] = []
+    if mode == "kernel-fs":
+        bwrap = kernelfs.bwrap_path()
+        if bwrap is None:
+            raise RuntimeError("kernel-fs isolation needs bubblewrap (bwrap)")
+        roots = [*kernelfs.interpreter_roots(interpreter), *cfg["read"]]
+        command = kernelfs.bwrap_command(bwrap, roots, str(work), limits.max_disk_mb, limits.network,
+                                         [interpreter, "-I", "-c", _BOOT_SOURCE, *_boot_args(cfg)])
+    outer = {**cfg, "cgroup": str(cgroup) if cgroup is not None else ""}
+    try:
+        if not _use_zygote(mode):
+            raise ZygoteUnavailable("disabled")
+        extra = [rec_w, col_w] if mode == "kernel-fs" else [rec_w]
+        return _Forked(_zygote_for(interpreter), _boot_args(outer, command), env, extra)
+    except ZygoteUnavailable:
+        st_r, st_w = os.pipe() if mode == "kernel-fs" else (-1, -1)
+        outer["records_fd"] = rec_w
+        outer["pipes"] = f"{st_w},{col_w}" if mode == "kernel-fs" else ""
+        try:
+            return _Exec([interpreter, "-I", "-c", _BOOT_SOURCE, *_boot_args(outer, command)], env, work,
+                         [fd for fd in (rec_w, st_w, col_w) if fd >= 0], st_r if st_r >= 0 else None)
+        finally:
+            _close_all([st_w] if st_w >= 0 else [])
 
 
 async def run_python_async(
