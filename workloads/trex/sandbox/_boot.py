@@ -535,7 +535,8 @@ def _warm_job(msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
                 _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, data)
         _copy_inputs(cfg["inputs"], cfg["dir"])
         cfg["inputs"] = ""
-        _libc().umount2(RUNS.encode(), _MNT_DETACH)  # other runs' inputs leave this run's view
+        if _libc().umount2(RUNS.encode(), _MNT_DETACH) != 0:  # other runs' inputs leave this run's view
+            raise OSError("trex.sandbox: cannot hide the other runs' inputs")
         for target in ("/", "/dev"):  # keep the flags the sandbox's own mounts are locked with
             kept = os.statvfs(target).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
             _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
