@@ -177,6 +177,7 @@ async def test_every_category_is_classified_exactly(tmp_path: Path) -> None:
     assert 'trex_eval_samples_total{benchmark="nl4opt",category="timeout"} 1.0' in text
     assert 'trex_eval_progress_ratio{benchmark="nl4opt"} 1.0' in text
     assert 'trex_eval_failed_requests_total{benchmark="nl4opt"} 1.0' in text
+    assert re.search(r'trex_eval_sandbox_isolation\{mode="(kernel-fs|namespaces|audit)"\} 1\.0', text)
 
     paths = write_reports(out, load_summary(out), against=load_summary(out))
     assert {p.name for p in paths} >= {"report.md", "report.html", "comparison.png", "failures.png"}

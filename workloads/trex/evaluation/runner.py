@@ -320,6 +320,8 @@ async def run_eval(cfg: EvalConfig, model: Model, *, out_dir: str | Path | None 
 
     t0 = time.perf_counter()
     isolation = require_isolation(cfg.sandbox.min_isolation)
+    if exporter is not None:
+        exporter.metric("trex_eval_sandbox_isolation", mode=isolation).set(1)
     out = Path(out_dir or cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     datasets = load_datasets(cfg)

@@ -293,7 +293,9 @@ def run_shard(cfg: ORDataConfig, shard_index: int, num_shards: int, out_dir: str
     from trex.sandbox import require_isolation
     from trex.telemetry.progress import Progress
 
-    require_isolation(cfg.sandbox.min_isolation)
+    isolation = require_isolation(cfg.sandbox.min_isolation)
+    if exporter is not None:
+        exporter.metric("trex_ordata_sandbox_isolation", mode=isolation).set(1)
     folder = Path(out_dir) / shard_dir_name(shard_index, num_shards)
     chash = config_hash(cfg)
     done = manifest_complete(folder, chash)
