@@ -6,7 +6,7 @@ entries such as an editable project tree), the licence file and ``Limits.read_pa
 size-limited tmpfs work folder (:data:`WORKDIR`, the disk quota); a fresh /proc of its own PID
 namespace; a minimal /dev. No /sys, no host /tmp, no host sockets. ``--unshare-all`` (network
 only with ``Limits.network``), ``--disable-userns``, ``--die-with-parent``, ``--new-session``,
-``--cap-drop ALL`` and
+``--cap-drop ALL``, ``--as-pid-1`` (the supervisor is init) and
 the seccomp filter of :func:`trex.sandbox._boot.seccomp_filter` (the bootstrap's outer stage puts
 it on descriptor 6).
 """
@@ -88,8 +88,10 @@ def _root(roots: Sequence[str], network: bool) -> list[str]:
 def bwrap_command(bwrap: str, roots: Sequence[str], host_inputs: str, disk_mb: int, network: bool,
                   inner: Sequence[str]) -> list[str]:
     """The bwrap argv that runs ``inner`` in the minimal root described in the module docstring."""
+    # --cap-drop: bwrap keeps a root caller's capabilities otherwise; --as-pid-1: the supervisor is the
+    # namespace's init, which the program cannot signal.
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL"]  # bwrap keeps a root caller's capabilities otherwise
+            "--cap-drop", "ALL", "--as-pid-1"]
     if network:
         argv.append("--share-net")
     return [*argv, *_root(roots, network), "--size", str(disk_mb << 20), "--tmpfs", WORKDIR,

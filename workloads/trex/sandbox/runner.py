@@ -215,12 +215,22 @@ ISOLATION_LEVELS = ("audit", "namespaces", "kernel-fs")
 
 @functools.cache
 def kernel_fs_available(python: str) -> bool:
-    """Whether bubblewrap runs ``python`` here with every option of the mode (probed once per interpreter)."""
+    """Whether bubblewrap runs ``python`` here with every option of the mode, cold (probed once per interpreter)."""
     if kernelfs.bwrap_path() is None or not sys.platform.startswith("linux"):
         return False
+    return _probe_kernel_fs(python, warm=False)
+
+
+@functools.cache
+def warm_kernel_fs_available(python: str) -> bool:
+    """Whether the warm kernel-fs fork server works for ``python`` here (probed once per interpreter)."""
+    return kernel_fs_available(python) and _probe_kernel_fs(python, warm=True)
+
+
+def _probe_kernel_fs(python: str, warm: bool) -> bool:
     try:
         probe = _run("import os\nos.listdir('.')\n", "kernel-fs", Limits(timeout_s=60.0, cpu_s=60), {}, (),
-                     python, None)
+                     python, None, warm=warm)
     except (OSError, KeyError, ValueError, subprocess.SubprocessError):
         return False
     return probe.ok
@@ -858,9 +868,14 @@ def _close_all(fds: Sequence[int]) -> None:
 WARM_VAR = "TREX_SANDBOX_WARM"
 
 
-def _warm_zygote(mode: str, limits: Limits, interpreter: str, read: Sequence[str]) -> _Zygote | None:
-    """The kernel-fs warm fork server for this run, or None (another mode, networking, disabled, unavailable)."""
-    if mode != "kernel-fs" or limits.network or not _use_zygote(mode) or os.environ.get(WARM_VAR, "auto") == "off":
+def _warm_zygote(mode: str, limits: Limits, interpreter: str, read: Sequence[str],
+                 warm: bool | None) -> _Zygote | None:
+    """The kernel-fs warm fork server for this run, or None (another mode, networking, disabled, unavailable;
+    ``warm`` forces the choice, for the probes)."""
+    if mode != "kernel-fs" or limits.network or warm is False:
+        return None
+    if warm is None and (not _use_zygote(mode) or os.environ.get(WARM_VAR, "auto") == "off"
+                         or not warm_kernel_fs_available(interpreter)):
         return None
     try:
         return _zygote_for(interpreter, tuple(read))
@@ -869,15 +884,15 @@ def _warm_zygote(mode: str, limits: Limits, interpreter: str, read: Sequence[str
 
 
 def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes], names: Sequence[str],
-         interpreter: str, env: Mapping[str, str] | None) -> SandboxResult:
+         interpreter: str, env: Mapping[str, str] | None, warm: bool | None = None) -> SandboxResult:
     sandbox_id = uuid.uuid4().hex
     kfs = mode == "kernel-fs"
     read = [os.path.abspath(p) for p in limits.read_paths]
     lic = os.environ.get("GRB_LICENSE_FILE")
     if lic:
         read.append(os.path.abspath(lic))
-    warm = _warm_zygote(mode, limits, interpreter, read)
-    root = Path(tempfile.mkdtemp(prefix="trex-sandbox-", dir=None if warm is None else warm.runs_dir))
+    server = _warm_zygote(mode, limits, interpreter, read, warm)
+    root = Path(tempfile.mkdtemp(prefix="trex-sandbox-", dir=None if server is None else server.runs_dir))
     cgroup: Path | None = None
     try:
         work = root / "work"
@@ -893,7 +908,7 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
         if run_uid is not None:
             _prepare_for_uid(root, work, run_uid)
         # RLIMIT_NPROC counts per user namespace: one per cold run, but warm runs share the server's.
-        own_ns = mode != "audit" and warm is None
+        own_ns = mode != "audit" and server is None
         nproc = limits.max_processes if (own_ns and (drop or os.geteuid() != 0)) else 0
         cfg: dict[str, Any] = {
             "dir": kernelfs.WORKDIR if kfs else str(work), "script": SCRIPT_NAME, "mode": mode,
@@ -904,7 +919,7 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
                                      f"{limits.max_open_files},{nproc}",
             "uid": "" if run_uid is None else str(run_uid), "records_fd": RECORDS_FD, "pipes": "",
             "collect": "\n".join(names), "model_cap": limits.max_model_kb << 10,
-            "inputs": "" if not kfs else (kernelfs.INPUTS if warm is None else f"{RUNS}/{root.name}/work"),
+            "inputs": "" if not kfs else (kernelfs.INPUTS if server is None else f"{RUNS}/{root.name}/work"),
         }
         child_env = _child_env(cfg["dir"], sandbox_id, env)
         cap = limits.max_output_kb * 1024
@@ -915,9 +930,9 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
         run: _Exec | _Forked
         try:
             try:
-                if warm is None:
+                if server is None:
                     raise ZygoteUnavailable("cold")
-                run = _start_warm(warm, cfg, child_env, [rec_w, col_w], cgroup, limits.max_disk_mb)
+                run = _start_warm(server, cfg, child_env, [rec_w, col_w], cgroup, limits.max_disk_mb)
             except ZygoteUnavailable:
                 run = _start_cold(cfg, mode, interpreter, child_env, work, limits, cgroup, rec_w, col_w)
         finally:
