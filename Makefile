@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trex-installed
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint typecheck unit crds bench clean images prometheus
+.PHONY: all demo test lint typecheck unit crds bench clean images prometheus bubblewrap
 
 all: test
 
@@ -29,7 +29,14 @@ prometheus:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
 	  || echo "WARNING: could not install prometheus; the monitoring end-to-end test will be skipped"; }
 
-unit: $(STAMP) prometheus
+# The sandbox's kernel-fs isolation runs untrusted solver programs under bubblewrap (Debian package).
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  echo "installing bubblewrap (Debian package) for the sandbox's kernel-fs isolation"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null) \
+	  || echo "WARNING: could not install bubblewrap; the sandbox falls back to namespaces isolation and its kernel-fs tests are skipped"; }
+
+unit: $(STAMP) prometheus bubblewrap
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --timeout 900 $(PYTEST_ARGS)
 
 test: lint unit
@@ -37,10 +44,10 @@ test: lint unit
 crds: $(STAMP)
 	$(VENV)/bin/trex crds --out crds --chart charts/trex/crds
 
-demo: $(STAMP) prometheus
+demo: $(STAMP) prometheus bubblewrap
 	$(VENV)/bin/trex demo
 
-bench: $(STAMP)
+bench: $(STAMP) bubblewrap
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:

@@ -1,15 +1,14 @@
-"""ORData throughput: accepted samples per second per core on the default mix and per family, where the time
-goes (solver, sandbox, the rest), and the sandbox's overhead against a bare ``python -c`` subprocess.
+"""ORData throughput: accepted samples per second per core on the default mix and per family, and where the
+time goes (solver, sandbox, the rest). The sandbox's own start-up overhead is measured by
+``benchmarks/sandbox_overhead.py``.
 
-Run: ``.venv/bin/python benchmarks/ordata_throughput.py [--per-family N] [--repeats R]``. Single process, so the
-rates are per core. Prints a table and the goal check (>= 10 accepted samples/s/core on the default mix).
+Run: ``.venv/bin/python benchmarks/ordata_throughput.py [--per-family N]``. Single process, so the rates are per
+core. Prints a table and the goal check (>= 10 accepted samples/s/core on the default mix).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,7 +17,8 @@ from collections import defaultdict
 GOAL_PER_CORE = 10.0
 
 
-def _mix(per_family: int) -> None:
+def accepted_rate(per_family: int) -> float:
+    """Run the default mix, print the breakdown, return accepted samples/s (one process: per core)."""
     from trex.ordata.config import ORDataConfig
     from trex.ordata.pipeline import StageTimer, plan_instance, process
 
@@ -50,37 +50,15 @@ def _mix(per_family: int) -> None:
     print(f"{'family':<20}{'accepted':>9}{'seconds':>9}{'acc/s':>8}")
     for fam in sorted(per_fam_s):
         print(f"{fam:<20}{per_fam_ok[fam]:>9}{per_fam_s[fam]:>9.2f}{per_fam_ok[fam] / per_fam_s[fam]:>8.2f}")
-
-
-def _sandbox_overhead(repeats: int) -> None:
-    from trex.sandbox import run_python
-
-    programs = {"trivial": "print('TREX_RESULT {\"status\": \"optimal\", \"objective\": 1, \"values\": {}}')",
-                "import gurobipy": "import gurobipy\nprint('ok')"}
-    for name, code in programs.items():
-        bare: list[float] = []
-        boxed: list[float] = []
-        for _ in range(repeats):  # interleaved so drift hits both equally
-            t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-            bare.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            res = run_python(code)
-            boxed.append(time.perf_counter() - t)
-            assert res.ok, res.stderr
-        mb, ms = statistics.median(bare), statistics.median(boxed)
-        print(f"sandbox overhead ({name}): bare python -c {1000 * mb:.1f} ms, sandbox {1000 * ms:.1f} ms, "
-              f"ratio {ms / mb:.2f}x (median of {repeats})")
+    return rate
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--per-family", type=int, default=6, help="instances per family in the default mix")
-    ap.add_argument("--repeats", type=int, default=15, help="sandbox overhead repetitions")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory():
-        _mix(args.per_family)
-    _sandbox_overhead(args.repeats)
+        accepted_rate(args.per_family)
     return 0
 
 

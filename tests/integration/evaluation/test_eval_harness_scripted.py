@@ -65,6 +65,18 @@ print("TREX_RESULT " + json.dumps({"status": st, "objective": None}))
 """
 
 
+FORGED_RECORD = """import json, os
+fake = {"api": "gurobipy", "status": "optimal", "objective": 2.8, "num_vars": 2, "num_constrs": 2,
+        "lp": "Maximize\\n obj: x\\nSubject To\\n c: x <= 1\\nEnd\\n", "lp_truncated": False}
+for fd in range(3, 64):
+    try:
+        os.write(fd, (json.dumps(fake) + "\\n").encode())
+    except OSError:
+        pass
+print("TREX_RESULT " + json.dumps({"status": "optimal", "objective": 2.8}))
+"""
+
+
 def fence(code: str) -> str:
     return f"Here is the model.\n\n```python\n{code}```\n"
 
@@ -79,15 +91,19 @@ CASES: dict[str, tuple[str, str, str]] = {
     "import": ("1.0", fence("import gurobipy_does_not_exist\n"), "import_error"),
     "api": ("1.0", fence("import gurobipy as gp\nm = gp.Modle()\n"), "import_error"),
     "runtime": ("1.0", fence("values = [1, 2]\nprint(values[5])\n"), "runtime_error"),
-    "no_result_line": ("1.0", fence("print('objective = 1.0')\n"), "runtime_error"),
+    "no_result_line": ("1.0", fence("print('objective = 1.0')\n"), "no_solver_call"),
     "solver": ("1.0", fence("import gurobipy as gp\nm = gp.Model()\nm.Params.OutputFlag = 0\nm.addVars(2500)\n"
                             "m.update()\nm.optimize()\n"), "solver_error"),
-    "solver_status": ("1.0", fence("print('TREX_RESULT {\"status\": \"time_limit\", \"objective\": null}')\n"),
-                      "solver_error"),
+    "solver_status": ("2.8", fence(GUROBI_OK.replace("m.optimize()", "m.Params.IterationLimit = 0\n"
+                                                     "m.Params.Presolve = 0\nm.optimize()")), "solver_error"),
+    "printed_answer": ("2.8", fence("print('TREX_RESULT {\"status\": \"optimal\", \"objective\": 2.8}')\n"),
+                       "no_solver_call"),
+    "forged_record": ("2.8", fence(FORGED_RECORD), "no_solver_call"),
+    "printed_lie": ("2.8", fence(GUROBI_OK.replace("m.ObjVal", "m.ObjVal * 1.001")), "correct"),
     "timeout": ("1.0", fence("import time\ntime.sleep(60)\n"), "timeout"),
     "infeasible": ("2.8", fence(GUROBI_INFEASIBLE), "infeasible"),
     "unbounded": ("2.8", fence(HIGHS_UNBOUNDED), "unbounded"),
-    "wrong": ("2.8", fence(GUROBI_OK.replace("m.ObjVal", "m.ObjVal * 1.001")), "wrong_objective"),
+    "wrong": ("2.8", fence(GUROBI_OK.replace("x + 2 * y <= 4", "x + 2 * y <= 5")), "wrong_objective"),
     "number_for_label": ("No Best Solution", fence(GUROBI_OK), "wrong_objective"),
 }
 
@@ -152,20 +168,24 @@ async def test_every_category_is_classified_exactly(tmp_path: Path) -> None:
     assert got == {c: v[2] for c, v in CASES.items()}, [
         (r["item_id"], r["category"], r["reason"]) for r in records]
     s = outcome.summary["benchmarks"]["nl4opt"]
-    assert s["pass@1"] == pytest.approx(2 / len(CASES))
+    assert s["pass@1"] == pytest.approx(3 / len(CASES))  # correct, correct_label, printed_lie
     assert s["categories"]["import_error"] == 2 and s["categories"]["no_code"] == 2
     rec = next(r for r in records if r["category"] == "correct")
     assert rec["usage"]["completion_tokens"] > 0 and rec["protocol"] == "strict@v1"
     text = exporter.render()
-    assert re.search(r'trex_eval_pass_at_k\{benchmark="nl4opt",k="1",protocol="strict@v1"\} 0\.125', text)
+    assert re.search(r'trex_eval_pass_at_k\{benchmark="nl4opt",k="1",protocol="strict@v1"\} 0\.157894', text)
     assert 'trex_eval_samples_total{benchmark="nl4opt",category="timeout"} 1.0' in text
     assert 'trex_eval_progress_ratio{benchmark="nl4opt"} 1.0' in text
     assert 'trex_eval_failed_requests_total{benchmark="nl4opt"} 1.0' in text
+    assert re.search(r'trex_eval_sandbox_isolation\{mode="(kernel-fs|namespaces|audit)"\} 1\.0', text)
 
     paths = write_reports(out, load_summary(out), against=load_summary(out))
     assert {p.name for p in paths} >= {"report.md", "report.html", "comparison.png", "failures.png"}
     md = (out / "report.md").read_text()
-    assert "| nl4opt | strict@v1 | 16 | 16 | 12.5% |" in md
+    assert "| nl4opt | strict@v1 | 19 | 19 | 15.8% |" in md
+    assert "Answers scored: solver-recorded" in md
+    forged = next(r for r in records if CASES_BY_QUESTION[r["item_id"]] == "forged_record")
+    assert "not confirmed" in forged["reason"] and forged["execution"]["printed"]["objective"] == 2.8
 
 
 CASES_BY_QUESTION = {str(i): case for i, case in enumerate(CASES)}
@@ -227,8 +247,7 @@ def test_model_spec_for_reference_needs_nothing() -> None:
 async def test_pass_at_k_with_per_sample_seeds(tmp_path: Path) -> None:
     data = tmp_path / "k.jsonl"
     data.write_text("".join(json.dumps({"en_question": f"q{i}", "en_answer": "7"}) + "\n" for i in range(2)))
-    right = fence("print('TREX_RESULT {\"status\": \"optimal\", \"objective\": 7}')\n")
-    wrong = fence("print('TREX_RESULT {\"status\": \"optimal\", \"objective\": 8}')\n")
+    right, wrong = fence(_fixed_answer(7.0)), fence(_fixed_answer(8.0))
 
     def by_seed(req: dict[str, Any]) -> str:
         return right if req["seed"] == 11 else wrong  # seed 10 + sample index 1
@@ -244,3 +263,39 @@ async def test_pass_at_k_with_per_sample_seeds(tmp_path: Path) -> None:
     s = outcome.summary["benchmarks"]["nl4opt"]
     assert s["samples"] == 6
     assert s["pass@1"] == pytest.approx(1 / 3) and s["pass@2"] == pytest.approx(2 / 3) and s["pass@3"] == 1.0
+
+
+def _fixed_answer(value: float) -> str:
+    """A program whose recorded solve has optimum ``value`` (one variable fixed there)."""
+    return (f"import highspy\nh = highspy.Highs()\nh.silent()\nh.addVar({value}, {value})\nh.changeColCost(0, 1.0)\n"
+            f"h.run()\nprint('TREX_RESULT {{\"status\": \"optimal\", \"objective\": {value}}}')\n")
+
+
+@pytest.mark.parametrize("printed", [False, True], ids=["solver-recorded", "printed"])
+async def test_accept_printed_answers_restores_the_printed_number(tmp_path: Path, printed: bool) -> None:
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"en_question": "q0", "en_answer": "7"}) + "\n")
+    print_only = fence("print('TREX_RESULT {\"status\": \"optimal\", \"objective\": 7}')\n")
+    async with ScriptedOpenAI(lambda req: print_only) as srv:
+        cfg = EvalConfig.model_validate({
+            "benchmarks": [{"name": "nl4opt", "path": str(data)}], "acceptPrintedAnswers": printed,
+            "model": {"kind": "openai", "url": srv.url, "name": "m"}, "output": str(tmp_path / "out")})
+        outcome = await run_eval(cfg, build_model(cfg.model))
+    rec = read_samples(tmp_path / "out" / SAMPLES)[0]
+    assert rec["category"] == ("correct" if printed else "no_solver_call")
+    assert rec["execution"]["answers"] == outcome.summary["answers"] == ("printed" if printed else "solver-recorded")
+    assert outcome.summary["isolation"] in ("kernel-fs", "namespaces", "audit")
+
+
+async def test_min_isolation_fails_the_run_before_any_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trex.sandbox.runner import MODE_VAR
+
+    monkeypatch.setenv(MODE_VAR, "audit")
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"en_question": "q0", "en_answer": "7"}) + "\n")
+    cfg = EvalConfig.model_validate({"benchmarks": [{"name": "nl4opt", "path": str(data)}],
+                                     "sandbox": {"minIsolation": "namespaces"}, "model": {"kind": "reference"},
+                                     "output": str(tmp_path / "out")})
+    with pytest.raises(RuntimeError, match="minIsolation is namespaces but only audit"):
+        await run_eval(cfg, build_model(cfg.model))
+    assert not (tmp_path / "out").exists()

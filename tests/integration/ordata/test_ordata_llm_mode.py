@@ -1,5 +1,6 @@
 """LLM reconstruction mode: the pipeline sends the problem to an OpenAI-compatible endpoint and gates the
-answer; a correct answer is accepted, a wrong objective sense and a code-less answer are rejected."""
+answer; a correct answer is accepted, a wrong objective sense (structural gate) and a code-less answer are
+rejected."""
 
 from __future__ import annotations
 
@@ -42,4 +43,5 @@ def test_llm_mode_accepts_correct_and_rejects_wrong_answers(tmp_path: Path) -> N
         assert len(srv.requests) == 3
     counts = rep.manifest["counts"]
     assert counts["accepted"] == 1
-    assert counts["rejected"] == {"objective.mismatch": 1, "llm.no_code": 1}
+    # The flipped sense is a different model: the structural gate rejects it before the objective is compared.
+    assert counts["rejected"] == {"structure.mismatch": 1, "llm.no_code": 1}

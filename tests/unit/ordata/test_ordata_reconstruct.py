@@ -1,10 +1,12 @@
 """Reference reconstruction: the generated gurobipy and highspy programs reproduce the solver's objective in the
-sandbox, for every family; the formulation lists every variable and constraint."""
+sandbox, for every family, and the model the sandbox records from them is the instance's model (structural
+gate); the formulation lists every variable and constraint."""
 
 from __future__ import annotations
 
 import pytest
 from trex.ordata.config import FAMILY_NAMES, ToleranceConfig
+from trex.ordata.gates import instance_model, structural_gate
 from trex.ordata.generators import FAMILIES, derive_seed, sample_feasible
 from trex.ordata.reconstruct import formulation, linear_text, reference_code
 from trex.ordata.solve import solve
@@ -27,6 +29,8 @@ def test_reference_code_reproduces_objective_in_sandbox(family: str) -> None:
         assert res.result is not None
         values = {k: float(v) for k, v in res.result["values"].items()}
         assert verify_solution(inst, values, res.objective, ToleranceConfig(feasibility=1e-5)).ok
+        g = structural_gate(res.solve, instance_model(inst))
+        assert g.accepted, (library, g)
 
 
 def test_formulation_lists_every_variable_and_constraint() -> None:

@@ -1,4 +1,8 @@
-"""ORData gates: correct knapsack code passes, each kind of wrong code is rejected with the right reason."""
+"""ORData gates: correct knapsack code passes, each kind of wrong code is rejected with the right reason.
+
+The execution, structural and objective gates read the solve the sandbox recorded from gurobipy/highspy,
+never the printed TREX_RESULT line.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,12 @@ from trex.ordata.gates import (
     GateResult,
     ast_gate,
     execution_gate,
+    instance_model,
     objective_gate,
     review_gate,
+    structural_gate,
 )
+from trex.ordata.ir import Constraint, Instance, Objective, Variable
 from trex.sandbox import Limits, SandboxResult, run_python
 
 VALUES = [10, 13, 7, 8]
@@ -33,9 +40,21 @@ def brute_force_knapsack() -> float:
     return float(best)
 
 
+def knapsack_instance() -> Instance:
+    """The knapsack as trex IR (the generator's side), with a redundant cardinality row x0+..+x3 <= 4."""
+    xs = tuple(Variable(f"x{i}", "binary", 0.0, 1.0) for i in range(len(VALUES)))
+    rows = (Constraint("cap", {f"x{i}": float(w) for i, w in enumerate(WEIGHTS)}, "<=", float(CAPACITY)),
+            Constraint("card", {f"x{i}": 1.0 for i in range(len(VALUES))}, "<=", float(len(VALUES))))
+    return Instance("knapsack", "test", "knapsack", 0, {}, {}, xs, rows,
+                    Objective("max", {f"x{i}": float(v) for i, v in enumerate(VALUES)}))
+
+
 def knapsack_program(*, sense: str = "GRB.MAXIMIZE", capacity: bool = True, vtype: str = "GRB.BINARY",
-                     extra_import: str = "", report: bool = True) -> str:
+                     extra_import: str = "", report: bool = True, weights: list[int] | None = None,
+                     cardinality: bool = True, vtype3: str | None = None) -> str:
     cons = f"m.addConstr(gp.quicksum(w[i] * x[i] for i in range(n)) <= {CAPACITY})" if capacity else ""
+    card = "m.addConstr(gp.quicksum(x) <= n)" if cardinality else ""
+    relax = f"x[3].VType = {vtype3}" if vtype3 else ""
     out = ('print("TREX_RESULT " + json.dumps({"status": "optimal" if m.Status == GRB.OPTIMAL else "error", '
            '"objective": m.ObjVal, "values": {f"x{i}": x[i].X for i in range(n)}}))') if report else "print(m.ObjVal)"
     return textwrap.dedent(f"""
@@ -45,26 +64,30 @@ def knapsack_program(*, sense: str = "GRB.MAXIMIZE", capacity: bool = True, vtyp
         from gurobipy import GRB
 
         v = {VALUES}
-        w = {WEIGHTS}
+        w = {weights or WEIGHTS}
         n = len(v)
         m = gp.Model("knapsack")
         m.Params.OutputFlag = 0
         x = [m.addVar(vtype={vtype}, ub=1, name=f"x{{i}}") for i in range(n)]
+        {relax}
         m.setObjective(gp.quicksum(v[i] * x[i] for i in range(n)), {sense})
         {cons}
+        {card}
         m.optimize()
         {out}
     """).lstrip()
 
 
-def full_gate(code: str, reference: float) -> GateResult:
-    """The pipeline's order: clean -> AST -> sandbox -> execution -> objective."""
+def full_gate(code: str, reference: float, *, structure: bool = True) -> GateResult:
+    """The pipeline's order: clean -> AST -> sandbox -> execution -> structure -> objective."""
     code = Cleaner().clean_code(code)
     g = ast_gate(code)
     if not g.accepted:
         return g
     run = run_python(code, limits=Limits(timeout_s=60.0))
     g = execution_gate(run)
+    if g.accepted and structure:
+        g = structural_gate(run.solve, instance_model(knapsack_instance()))
     if not g.accepted:
         return g
     return objective_gate(run.objective, reference, TOL)
@@ -91,9 +114,49 @@ def test_correct_code_is_accepted() -> None:
     ids=["wrong_sense", "missing_constraint", "relaxed_integrality"],
 )
 def test_wrong_models_fail_objective_agreement(kwargs: dict[str, object]) -> None:
-    g = full_gate(knapsack_program(**kwargs), brute_force_knapsack())  # type: ignore[arg-type]
+    g = full_gate(knapsack_program(**kwargs), brute_force_knapsack(), structure=False)  # type: ignore[arg-type]
     assert not g.accepted
     assert g.reason == "objective.mismatch", g
+    g = full_gate(knapsack_program(**kwargs), brute_force_knapsack())  # type: ignore[arg-type]
+    assert g.reason == "structure.mismatch", g
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"cardinality": False},  # dropped (redundant) constraint
+        {"vtype3": "GRB.CONTINUOUS"},  # relaxed integrality of x3 (the optimum stays integral)
+        {"weights": [3, 4, 2, 4]},  # wrong coefficient of x3 (x3 is not picked either way)
+    ],
+    ids=["dropped_constraint", "relaxed_integrality", "wrong_coefficient"],
+)
+def test_structural_gate_rejects_wrong_models_with_the_right_objective(kwargs: dict[str, object]) -> None:
+    code = knapsack_program(**kwargs)  # type: ignore[arg-type]
+    assert full_gate(code, brute_force_knapsack(), structure=False).accepted  # objective agreement alone passes
+    g = full_gate(code, brute_force_knapsack())
+    assert (g.accepted, g.reason) == (False, "structure.mismatch"), g
+
+
+def test_structural_gate_accepts_the_instance_and_needs_a_model() -> None:
+    assert full_gate(knapsack_program(), brute_force_knapsack()).accepted
+    assert structural_gate(None, instance_model(knapsack_instance())).reason == "structure.no_model"
+    truncated = {"lp": None, "lp_truncated": True}
+    assert "cap" in structural_gate(truncated, instance_model(knapsack_instance())).detail
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("import json, highspy\nh = highspy.Highs()\nh.run()\n"
+         "print('TREX_RESULT ' + json.dumps({'status': 'optimal', 'objective': 23.0}))\n", "exec.solver_status"),
+        ("import json, gurobipy as gp\nm = gp.Model()\nm.Params.OutputFlag = 0\nm.optimize()\n"
+         "print('TREX_RESULT ' + json.dumps({'status': 'optimal', 'objective': 23.0}))\n", "structure.mismatch"),
+    ],
+    ids=["highspy_empty", "gurobipy_empty"],
+)
+def test_empty_model_with_a_printed_constant_is_rejected(code: str, reason: str) -> None:
+    g = full_gate(code, brute_force_knapsack())
+    assert (g.accepted, g.reason) == (False, reason), g
 
 
 @pytest.mark.parametrize(
@@ -132,6 +195,11 @@ def test_ast_gate_accepts_highspy_program() -> None:
     assert ast_gate(code).accepted
 
 
+def _solve(status: str, objective: float | None) -> dict[str, object]:
+    return {"api": "gurobipy", "status": status, "objective": objective, "num_vars": 1, "num_constrs": 0,
+            "lp": None, "lp_truncated": False}
+
+
 def _result(**kw: object) -> SandboxResult:
     base: dict[str, object] = dict(stdout="", stderr="", exit_code=0, signal=None, timed_out=False, wall_s=0.1,
                                    killed_reason=None, result=None)
@@ -146,11 +214,13 @@ def _result(**kw: object) -> SandboxResult:
         (_result(exit_code=None, signal=24, killed_reason="cpu_limit"), "exec.timeout"),
         (_result(exit_code=1, killed_reason="memory_limit", stderr="MemoryError"), "exec.resource_limit"),
         (_result(exit_code=1, stderr="Traceback ...\nZeroDivisionError: division by zero"), "exec.runtime_error"),
-        (_result(stdout="objective 3"), "exec.no_result"),
-        (_result(result={"status": "infeasible", "objective": None, "values": {}}), "exec.solver_status"),
-        (_result(result={"status": "optimal", "objective": None, "values": {}}), "exec.no_result"),
+        (_result(stdout="objective 3"), "exec.no_solver_call"),
+        (_result(result={"status": "optimal", "objective": 23.0, "values": {}}), "exec.no_solver_call"),
+        (_result(solves=[_solve("infeasible", None)]), "exec.solver_status"),
+        (_result(solves=[_solve("optimal", None)]), "exec.no_result"),
+        (_result(exit_code=1, killed_reason="disk_limit"), "exec.resource_limit"),
     ],
-    ids=["timeout", "cpu", "memory", "runtime", "no_result", "status", "no_objective"],
+    ids=["timeout", "cpu", "memory", "runtime", "no_result", "printed_only", "status", "no_objective", "disk"],
 )
 def test_execution_gate_reasons(res: SandboxResult, reason: str) -> None:
     g = execution_gate(res)
@@ -213,4 +283,4 @@ def test_parse_review_and_registry() -> None:
     assert gates.parse_review("I think it is fine").reason == "review.llm_error"
     with pytest.raises(ValueError, match="unknown gate reason"):
         gates.reject("ast.made_up")
-    assert all(code.split(".")[0] in {"ast", "exec", "objective", "review", "llm"} for code in REASONS)
+    assert all(code.split(".")[0] in {"ast", "exec", "structure", "objective", "review", "llm"} for code in REASONS)

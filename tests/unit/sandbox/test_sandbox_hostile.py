@@ -1,4 +1,4 @@
-"""Hostile programs against trex.sandbox, in both isolation modes where the kernel allows them."""
+"""Hostile programs against trex.sandbox, in every isolation mode this machine allows."""
 
 from __future__ import annotations
 
@@ -16,11 +16,19 @@ from pathlib import Path
 
 import pytest
 from trex.sandbox import Limits, isolation_mode, run_python, run_python_async
-from trex.sandbox.runner import CGROUP_VAR, MODE_VAR, ZYGOTE_VAR, namespaces_available, pids_cgroup_base
+from trex.sandbox.runner import (
+    CGROUP_VAR,
+    MODE_VAR,
+    ZYGOTE_VAR,
+    kernel_fs_available,
+    namespaces_available,
+    pids_cgroup_base,
+)
 
-# (isolation mode, fork server): namespaces runs come from the fork server by default, or from a
-# fresh interpreter each; audit mode always starts a fresh interpreter.
-MODES = ["namespaces/zygote", "namespaces/exec", "audit/exec"] if namespaces_available() else ["audit/exec"]
+# (isolation mode, launcher): kernel-fs and namespaces runs come from the fork server by default, or
+# from a fresh interpreter each; audit mode always starts a fresh interpreter.
+MODES = (["kernel-fs/zygote", "kernel-fs/exec"] if kernel_fs_available(sys.executable) else []) + (
+    ["namespaces/zygote", "namespaces/exec"] if namespaces_available() else []) + ["audit/exec"]
 
 
 @pytest.fixture(params=MODES)
@@ -292,7 +300,8 @@ def test_limits_validation_names_the_field() -> None:
 
 def test_exit_codes_and_exceptions() -> None:
     res = run_python("import sys\nprint('TREX_RESULT {\"status\": \"error\", \"objective\": null}')\nsys.exit(3)")
-    assert res.exit_code == 3 and not res.ok and res.status == "error" and res.objective is None
+    assert res.exit_code == 3 and not res.ok and res.result is not None and res.result["status"] == "error"
+    assert res.solve is None and res.status is None and res.objective is None  # printed, never solved
     res = run_python("raise ValueError('boom')\n")
     assert res.exit_code == 1 and "ValueError: boom" in res.stderr and res.killed_reason is None
     res = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
@@ -302,29 +311,37 @@ def test_exit_codes_and_exceptions() -> None:
 async def test_async_runs_concurrently() -> None:
     progs = [f"print('TREX_RESULT {{\"status\": \"optimal\", \"objective\": {i}}}')" for i in range(3)]
     results = await asyncio.gather(*(run_python_async(p) for p in progs))
-    assert [r.objective for r in results] == [0.0, 1.0, 2.0]
+    assert [r.result["objective"] for r in results if r.result is not None] == [0.0, 1.0, 2.0]
 
 
 def test_os_pid_namespace_hides_host_processes() -> None:
     if not namespaces_available():
         pytest.skip("user namespaces are not available on this kernel")
     res = run_python("import os\nprint(os.getpid(), os.getppid())")
-    assert res.mode == "namespaces"
+    assert res.mode in ("namespaces", "kernel-fs")
     pid, ppid = map(int, res.stdout.split())
-    assert pid != os.getpid() and ppid == 1  # init of its own PID namespace is its parent
+    # Its parent is the init of its own PID namespace (in kernel-fs: the supervisor).
+    assert pid != os.getpid() and ppid == 1
 
 
-def test_fork_server_is_replaced_when_it_dies(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not namespaces_available():
-        pytest.skip("the fork server serves namespaces mode only")
+@pytest.mark.parametrize("isolation", ["namespaces", "kernel-fs"])
+def test_fork_server_is_replaced_when_it_dies(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    available = kernel_fs_available(sys.executable) if isolation == "kernel-fs" else namespaces_available()
+    if not available:
+        pytest.skip(f"{isolation} isolation is not available here")
     from trex.sandbox import runner
 
+    monkeypatch.setenv(MODE_VAR, isolation)
     monkeypatch.setenv(ZYGOTE_VAR, "auto")
     assert run_python("print(1)").stdout == "1\n"
-    server = runner._ZYGOTES[sys.executable]
+
+    def key() -> tuple[str, ...]:
+        return next(k for k in runner._ZYGOTES if (k[0] == "kernel-fs") == (isolation == "kernel-fs"))
+
+    server = runner._ZYGOTES[key()]
     server.proc.kill()
     server.proc.wait()
     res = run_python("print(2)")  # falls back or restarts; either way the run happens
     assert res.ok and res.stdout == "2\n"
     assert run_python("print(3)").stdout == "3\n"
-    assert runner._ZYGOTES[sys.executable] is not server and runner._ZYGOTES[sys.executable].alive()
+    assert runner._ZYGOTES[key()] is not server and runner._ZYGOTES[key()].alive()

@@ -1,4 +1,5 @@
-"""The output protocol parser, and real solver programs reporting through it from inside the sandbox."""
+"""The output protocol parser, real solver programs reporting through it from inside the sandbox, and the
+solves the sandbox records from the solvers themselves."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 import textwrap
 
 import pytest
+from trex.evaluation.orgeval import solve_lp_text
 from trex.sandbox import Limits, format_protocol, parse_protocol, run_python
 
 
@@ -95,3 +97,27 @@ def test_solver_program_reports_objective_through_protocol(program: str) -> None
     assert res.result is not None
     assert res.result["values"]["x"] == pytest.approx(3.0, abs=1e-6)
     assert res.result["values"]["y"] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("program", [GUROBI_LP, HIGHS_LP], ids=["gurobipy", "highspy"])
+def test_the_solver_call_is_recorded_with_its_model(program: str) -> None:
+    lying = program.replace('"objective": ', '"objective": 99.0 or ', 1)  # the printed line lies
+    res = run_python(lying, limits=Limits(timeout_s=60.0))
+    assert res.ok, res.stderr
+    assert res.result is not None and res.result["objective"] == 99.0
+    assert len(res.solves) == 1
+    rec = res.solves[0]
+    assert rec["api"] == ("gurobipy" if "gurobipy" in program else "highspy")
+    assert (rec["status"], rec["num_vars"], rec["num_constrs"]) == ("optimal", 2, 2)
+    assert res.objective == pytest.approx(LP_OPTIMUM, abs=1e-6)  # the recorded solve, not the print
+    assert rec["lp"] and not rec["lp_truncated"]
+    # Independent check: the recorded LP text, read and solved outside, is the program's model.
+    assert solve_lp_text(rec["lp"]) == ("optimal", pytest.approx(LP_OPTIMUM, abs=1e-6))
+
+
+def test_model_text_over_the_cap_is_dropped_not_cut() -> None:
+    big = GUROBI_LP.replace('m.optimize()', 'm.addVars(200, name="padding_variable_with_a_long_name")\nm.optimize()')
+    res = run_python(big, limits=Limits(timeout_s=60.0, max_model_kb=1))
+    assert res.ok, res.stderr
+    assert res.solve is not None and res.solve["lp"] is None and res.solve["lp_truncated"]
+    assert res.objective == pytest.approx(LP_OPTIMUM, abs=1e-6)

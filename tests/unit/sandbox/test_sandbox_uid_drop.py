@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from trex.sandbox import Limits, run_python
-from trex.sandbox.runner import CGROUP_VAR, ZYGOTE_VAR, namespaces_available, uid_drop_available
+from trex.sandbox.runner import CGROUP_VAR, MODE_VAR, ZYGOTE_VAR, namespaces_available, uid_drop_available
 
 
 def _candidate() -> str | None:
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.skipif(PYTHON is None, reason="needs root, namespaces a
 
 @pytest.fixture(params=["zygote", "exec"])
 def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(MODE_VAR, "namespaces")  # the uid drop belongs to namespaces mode
     monkeypatch.setenv(ZYGOTE_VAR, "auto" if request.param == "zygote" else "off")
     return str(request.param)
 

@@ -98,6 +98,13 @@ class ExecutionConfig(TrexModel):
     """Captured stdout/stderr per program and stream (KiB); more kills the program."""
 
 
+class SandboxPolicy(TrexModel):
+    """How untrusted programs must be isolated."""
+
+    min_isolation: Literal["kernel-fs", "namespaces", "audit"] = "namespaces"
+    """Weakest sandbox isolation the job accepts (kernel-fs: bubblewrap); below it the job fails at start."""
+
+
 class EvalConfig(TrexModel):
     """One evaluation run."""
 
@@ -117,6 +124,11 @@ class EvalConfig(TrexModel):
     """Bench4Opt: which problem statement is the question (wp.txt or wp_concise.txt)."""
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     """Sandboxed execution."""
+    sandbox: SandboxPolicy = Field(default_factory=SandboxPolicy)
+    """Sandbox isolation policy."""
+    accept_printed_answers: bool = False
+    """Score the printed TREX_RESULT line (ORLM-style, for comparison with published numbers) instead of
+    the solve the sandbox recorded from the solver."""
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
     """Serve Prometheus metrics on this port (unset: TREX_METRICS_PORT if set, else not served)."""
     output: str = "eval-out"

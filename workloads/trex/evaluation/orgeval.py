@@ -255,6 +255,36 @@ def solve_lp_text(text: str, time_limit_s: float = 60.0) -> tuple[str, float | N
     return status, (float(h.getInfo().objective_function_value) if status == "optimal" else None)
 
 
+_NO_ANSWER = frozenset({"infeasible", "unbounded", "infeasible_or_unbounded"})
+
+
+def verify_recorded_solve(record: dict[str, Any], time_limit_s: float = 60.0) -> tuple[bool, str]:
+    """Re-solve a sandbox-recorded model and check that it backs the recorded answer: (ok, reason).
+
+    The records channel is written from inside the untrusted process, so a record is believed only
+    as far as its own model supports it: an optimum must be the re-solved optimum (relative 1e-4,
+    the default MIP gap), an infeasible/unbounded verdict must be re-solved as one of those.
+    """
+    status = str(record.get("status"))
+    if status != "optimal" and status not in _NO_ANSWER:
+        return True, f"status {status} is no answer"
+    lp = record.get("lp")
+    if not lp:
+        return False, "the recorded solve carries no model text (over the recording cap)"
+    try:
+        status2, value2 = solve_lp_text(str(lp), time_limit_s)
+    except Exception as exc:  # an unreadable or unsolvable model backs nothing
+        return False, f"recorded model could not be re-solved: {str(exc)[:200]}"
+    if status in _NO_ANSWER:
+        return (status2 in _NO_ANSWER, f"re-solved as {status2}")
+    obj = record.get("objective")
+    if status2 != "optimal" or value2 is None or not isinstance(obj, int | float):
+        return False, f"recorded optimal {obj!r}, re-solved as {status2}"
+    if abs(float(obj) - value2) > 1e-4 * (abs(value2) + 1.0):
+        return False, f"recorded objective {obj!r} but its model's optimum is {value2!r}"
+    return True, "re-solved optimum agrees"
+
+
 # --- canonical bipartite graph -------------------------------------------------------------------
 
 def num(x: float) -> str:

@@ -144,6 +144,8 @@ def render_markdown(summary: dict[str, Any], against: dict[str, Any] | None = No
     for name, s in summary["benchmarks"].items():
         p = s.get("protocol", {})
         lines.append(f"- **{name}**: `{p.get('tag', '')}` — {p.get('rule', '')}")
+    lines += ["", f"Answers scored: {summary.get('answers') or 'solver-recorded'}; sandbox isolation: "
+              f"{summary.get('isolation') or 'unknown'}."]
     lines += ["", "## Failure breakdown (samples)", "", "| benchmark | " + " | ".join(CATEGORIES) + " |",
               "|---|" + "---|" * len(CATEGORIES)]
     for name, s in summary["benchmarks"].items():

@@ -31,7 +31,7 @@ from trex.evaluation.benchmarks.bench4opt import reference_truth
 from trex.evaluation.config import BenchmarkSpec, EvalConfig
 from trex.evaluation.extract import EXTRACT_VERSION, extract_code
 from trex.evaluation.models.base import Model
-from trex.evaluation.orgeval import ORGEVAL_VERSION, equivalent_lp
+from trex.evaluation.orgeval import ORGEVAL_VERSION, equivalent_lp, verify_recorded_solve
 from trex.evaluation.prompts import PROMPT_VERSION, build_messages, prompt_hash
 from trex.evaluation.protocols import Protocol, get_protocol
 from trex.evaluation.scoring import CATEGORIES, Execution, aggregate, classify, syntax_check
@@ -188,15 +188,42 @@ async def execute(code: str, item: Item, cfg: EvalConfig, want_lp: bool) -> tupl
     res = await run_python_async(code, limits=limits, files=item.files or None,
                                  collect=(LP_OUT,) if want_lp else ())
     timed_out = bool(res.timed_out or res.killed_reason in ("timeout", "cpu_limit"))
-    ex = Execution(exit_code=res.exit_code, timed_out=timed_out, stderr=res.stderr, result=res.result,
-                   signal=None if timed_out else res.signal)
+    result, unrecorded = res.result, None
+    if not cfg.accept_printed_answers:
+        result, unrecorded = await recorded_answer(res.solve, res.result, t)
+    ex = Execution(exit_code=res.exit_code, timed_out=timed_out, stderr=res.stderr, result=result,
+                   signal=None if timed_out else res.signal, unrecorded=unrecorded)
     lp = res.files.get(LP_OUT)
+    solve = res.solve
     record = {
         "exit_code": res.exit_code, "signal": res.signal, "timed_out": timed_out, "wall_s": round(res.wall_s, 4),
-        "killed_reason": res.killed_reason, "result": res.result, "mode": res.mode,
+        "killed_reason": res.killed_reason, "result": result, "printed": res.result, "mode": res.mode,
+        "answers": ANSWERS_PRINTED if cfg.accept_printed_answers else ANSWERS_RECORDED,
+        "solve": None if solve is None else {k: v for k, v in solve.items() if k != "lp"}, "solves": len(res.solves),
         "stdout_tail": res.stdout[-_TAIL:], "stderr_tail": res.stderr[-_TAIL:], "lp_collected": lp is not None,
     }
     return ex, record, lp.decode("utf-8", "replace") if lp is not None else None
+
+
+ANSWERS_RECORDED = "solver-recorded"
+ANSWERS_PRINTED = "printed"
+
+
+async def recorded_answer(solve: dict[str, Any] | None, printed: dict[str, Any] | None,
+                          time_limit_s: float) -> tuple[dict[str, Any] | None, str | None]:
+    """The answer to score from the last recorded solve: (result, None), or (None, why there is none).
+
+    Status and objective come from the solver record, confirmed by re-solving its model; named values
+    (OptiBench, NL4OPT-E) still come from the printed line, which alone cannot make a sample correct.
+    """
+    if solve is None:
+        return None, "no gurobipy/highspy solve was recorded" + (" (the printed TREX_RESULT is not believed)"
+                                                                  if printed is not None else "")
+    ok, why = await asyncio.to_thread(verify_recorded_solve, solve, time_limit_s)
+    if not ok:
+        return None, f"recorded solve not confirmed: {why}"
+    values = (printed or {}).get("values") or {}
+    return {"status": solve["status"], "objective": solve["objective"], "values": values}, None
 
 
 async def run_job(job: Job, model: Model, cfg: EvalConfig, exec_sem: asyncio.Semaphore,
@@ -276,6 +303,7 @@ def run_metadata(cfg: EvalConfig, datasets: list[Dataset], model_name: str) -> d
                       for ds in datasets},
         "datasets": [ds.provenance() for ds in datasets],
         "k": sorted(set(cfg.k)),
+        "answers": ANSWERS_PRINTED if cfg.accept_printed_answers else ANSWERS_RECORDED,
     }
 
 
@@ -288,14 +316,19 @@ def current_keys(datasets: list[Dataset], cfg: EvalConfig) -> set[tuple[str, str
 async def run_eval(cfg: EvalConfig, model: Model, *, out_dir: str | Path | None = None, exporter: Any | None = None,
                    on_progress: Callable[[int, int], None] | None = None) -> RunOutcome:
     """Run (or resume) an evaluation and write samples, run.json and summary.json."""
+    from trex.sandbox import require_isolation
+
     t0 = time.perf_counter()
+    isolation = require_isolation(cfg.sandbox.min_isolation)
+    if exporter is not None:
+        exporter.metric("trex_eval_sandbox_isolation", mode=isolation).set(1)
     out = Path(out_dir or cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     datasets = load_datasets(cfg)
     datasets = [Dataset(ds.name, ds.format, ds.version, ds.path,
                         _truths_for_bench4opt(ds) if ds.format == "bench4opt" else ds.items, ds.content_hash)
                 for ds in datasets]
-    meta = run_metadata(cfg, datasets, model.name)
+    meta = {**run_metadata(cfg, datasets, model.name), "isolation": isolation}
     prev_path = out / RUN
     if prev_path.exists():
         prev = json.loads(prev_path.read_text(encoding="utf-8"))
@@ -355,7 +388,8 @@ def build_summary(meta: dict[str, Any], records: list[dict[str, Any]], cfg: Eval
         s["expected_samples"] = expected.get(name)
         s["protocol"] = meta.get("protocols", {}).get(name, {})
     return {"model": meta.get("model"), "k": ks, "datasets": meta.get("datasets", []),
-            "versions": meta.get("versions", {}), "benchmarks": scores,
+            "versions": meta.get("versions", {}), "benchmarks": scores, "answers": meta.get("answers"),
+            "isolation": meta.get("isolation"),
             "complete": all(scores.get(n, {}).get("samples", 0) >= e for n, e in expected.items())}
 
 

@@ -10,6 +10,9 @@ Categories, decided in this order (first that applies):
 * ``solver_error``: a solver exception (GurobiError, licence limits, no solution to query), or a
   reported status other than optimal/infeasible/unbounded (time_limit, suboptimal, error);
 * ``runtime_error``: any other non-zero exit or signal, or exit 0 without a valid TREX_RESULT line;
+* ``no_solver_call``: exit 0, but the sandbox recorded no solve (or none that its own re-solve of the
+  recorded model confirms), so a printed TREX_RESULT is not believed (unless the run accepts printed
+  answers, ``acceptPrintedAnswers``);
 * ``infeasible`` / ``unbounded``: it reported infeasible (resp. unbounded or infeasible-or-unbounded)
   where the ground truth says otherwise;
 * ``wrong_objective``: it reported an optimum (or values) that the protocol does not accept;
@@ -30,7 +33,7 @@ from trex.evaluation.protocols import Prediction, Protocol, judge, normalise_sta
 
 # Ordered from "furthest from working" to "right".
 CATEGORIES: tuple[str, ...] = (
-    "no_code", "syntax_error", "import_error", "runtime_error", "solver_error", "timeout",
+    "no_code", "syntax_error", "import_error", "runtime_error", "no_solver_call", "solver_error", "timeout",
     "infeasible", "unbounded", "wrong_objective", "correct",
 )
 
@@ -55,6 +58,8 @@ class Execution:
     stderr: str
     result: Mapping[str, Any] | None
     signal: int | None = None
+    unrecorded: str | None = None
+    """Why no solver-recorded answer exists (then ``result`` is ignored); None when it does."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ def classify(code: str | None, syntax_error: str | None, execution: Execution | 
             return Verdict("runtime_error", f"killed by signal {execution.signal}"), None
         cat, why = classify_failure(execution.stderr)
         return Verdict(cat, why), None
+    if execution.unrecorded is not None:
+        return Verdict("no_solver_call", execution.unrecorded), None
     res = execution.result
     if not isinstance(res, Mapping):
         return Verdict("runtime_error", "exited 0 without a TREX_RESULT line"), None

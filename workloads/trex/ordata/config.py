@@ -120,6 +120,8 @@ class SandboxLimits(TrexModel):
     """CPU-time limit (s)."""
     memory_mb: int = Field(default=2048, ge=64, le=262_144)
     """Address-space limit (MiB)."""
+    min_isolation: Literal["kernel-fs", "namespaces", "audit"] = "namespaces"
+    """Weakest sandbox isolation the job accepts (kernel-fs: bubblewrap); below it the job fails at start."""
 
 
 class DedupConfig(TrexModel):

@@ -2,8 +2,9 @@
 
 Order in the pipeline: :class:`Cleaner` -> :func:`ast_gate` (static contract of the generated code)
 -> :func:`review_gate` (rule-based checks of text and formulation; :func:`llm_review` optionally)
--> sandbox run -> :func:`execution_gate` -> :func:`objective_gate` (agreement with the reference
-solve). Failures of the LLM reconstructor (:mod:`trex.ordata.llm_reconstruct`) use the ``llm.*``
+-> sandbox run -> :func:`execution_gate` (the solve the sandbox *recorded* from the solver, not a
+printed line) -> :func:`structural_gate` (the recorded model is the instance's model, by ORGEval
+equivalence) -> :func:`objective_gate` (the recorded objective agrees with the reference solve). Failures of the LLM reconstructor (:mod:`trex.ordata.llm_reconstruct`) use the ``llm.*``
 codes. Every reason code is listed in :data:`REASONS`, the label values of
 ``trex_ordata_samples_total{outcome}`` besides ``accepted``.
 """
@@ -17,10 +18,12 @@ import textwrap
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from trex.evaluation.orgeval import LinearModel
     from trex.ordata.config import EndpointConfig
+    from trex.ordata.ir import Instance
 
 ACCEPTED = "accepted"
 
@@ -34,7 +37,10 @@ REASONS: dict[str, str] = {
     "exec.timeout": "the program ran past its wall-clock or CPU limit",
     "exec.resource_limit": "the program hit a memory, output, file-size or process limit",
     "exec.runtime_error": "the program exited with an error",
-    "exec.no_result": "the program printed no valid TREX_RESULT line (or no objective with status optimal)",
+    "exec.no_result": "the recorded solve is optimal but has no objective",
+    "exec.no_solver_call": "the sandbox recorded no gurobipy/highspy solve (a printed TREX_RESULT does not count)",
+    "structure.no_model": "the recorded solve carries no model text (larger than the cap, or not writable)",
+    "structure.mismatch": "the recorded model is not the instance's model (ORGEval equivalence)",
     "exec.solver_status": "the program's solver status is not optimal",
     "objective.missing": "no objective to compare",
     "objective.mismatch": "the objective differs from the reference beyond tolerance",
@@ -197,9 +203,7 @@ class RunLike(Protocol):
     @property
     def stderr(self) -> str: ...
     @property
-    def status(self) -> str | None: ...
-    @property
-    def objective(self) -> float | None: ...
+    def solve(self) -> dict[str, Any] | None: ...
     @property
     def ok(self) -> bool: ...
 
@@ -210,20 +214,55 @@ def _last_line(text: str) -> str:
 
 
 def execution_gate(run: RunLike) -> GateResult:
-    """The program ran to completion, printed a protocol record, and its solver reports optimal."""
+    """The program ran to completion and the solve the sandbox recorded from its solver is optimal."""
     if run.timed_out or run.killed_reason == "cpu_limit":
         return reject("exec.timeout", run.killed_reason or "timeout")
-    if run.killed_reason in ("memory_limit", "output_limit", "file_size_limit", "process_limit"):
+    if run.killed_reason in ("memory_limit", "output_limit", "file_size_limit", "disk_limit", "process_limit"):
         return reject("exec.resource_limit", str(run.killed_reason))
     if not run.ok:
         return reject("exec.runtime_error", f"exit {run.exit_code}, {run.killed_reason or ''} {_last_line(run.stderr)}".strip())
-    if run.status is None:
-        return reject("exec.no_result", "no valid TREX_RESULT line on stdout")
-    if run.status != "optimal":
-        return reject("exec.solver_status", f"status {run.status}")
-    if run.objective is None:
-        return reject("exec.no_result", "status optimal without an objective")
+    solve = run.solve
+    if solve is None:
+        return reject("exec.no_solver_call", "no gurobipy Model.optimize or highspy Highs.run was recorded")
+    if solve["status"] != "optimal":
+        return reject("exec.solver_status", f"recorded status {solve['status']}")
+    if solve["objective"] is None:
+        return reject("exec.no_result", "recorded status optimal without an objective")
     return accept()
+
+
+def instance_model(inst: Instance) -> LinearModel:
+    """The instance as ORGEval's model (the reference of :func:`structural_gate`), built from the IR itself."""
+    from trex.evaluation import orgeval
+
+    kinds = {"continuous": "C", "integer": "I", "binary": "B"}
+    index = inst.var_index()
+    variables = [orgeval.Variable(v.name, kinds[v.vtype], float(v.lb) if v.vtype != "binary" else 0.0,
+                                  (math.inf if v.ub is None else float(v.ub)) if v.vtype != "binary" else 1.0,
+                                  float(inst.objective.linear.get(v.name, 0.0))) for v in inst.variables]
+    senses = {"<=": "<", ">=": ">", "==": "="}
+    rows = [orgeval.Constraint(c.name, senses[c.sense], float(c.rhs),
+                               tuple((index[n], float(a)) for n, a in c.coeffs.items() if a != 0.0))
+            for c in inst.constraints]
+    quad = tuple((min(index[u], index[w]), max(index[u], index[w]), float(q)) for u, w, q in inst.objective.quadratic)
+    return orgeval.LinearModel(inst.objective.sense, float(inst.objective.constant), variables, rows, {}, quad)
+
+
+def structural_gate(solve: dict[str, Any] | None, reference: LinearModel) -> GateResult:
+    """The recorded model is the instance's model (ORGEval WL-equivalence), beyond objective agreement:
+    a dropped constraint, relaxed integrality or wrong coefficient is rejected whatever the objective."""
+    from trex.evaluation import orgeval
+
+    lp = None if solve is None else solve.get("lp")
+    if not lp:
+        truncated = bool(solve and solve.get("lp_truncated"))
+        return reject("structure.no_model", "model larger than the recording cap" if truncated else "no LP text")
+    try:
+        candidate = orgeval.read_lp_text(lp)
+    except ValueError as exc:
+        return reject("structure.mismatch", f"recorded LP unreadable: {str(exc)[:200]}")
+    eq = orgeval.equivalent_models(candidate, reference)
+    return accept(eq.reason) if eq.equivalent else reject("structure.mismatch", eq.reason)
 
 
 def objective_agrees(value: float, reference: float, tol: float) -> bool:

@@ -172,6 +172,8 @@ def process(plan: Plan, cfg: ORDataConfig, timer: StageTimer) -> Outcome:
         assert res.objective is not None
         g = gates.execution_gate(sb)
         if g.accepted:
+            g = gates.structural_gate(sb.solve, gates.instance_model(inst))
+        if g.accepted:
             g = gates.objective_gate(sb.objective, res.objective, cfg.tolerances.objective_rel)
     if not g.accepted:
         return Outcome(plan, g.reason or "gate.rejected", detail=g.detail, ir_hash=ir_hash, reached=tuple(reached), attempts=attempts)
@@ -288,8 +290,12 @@ class ShardReport:
 def run_shard(cfg: ORDataConfig, shard_index: int, num_shards: int, out_dir: str | Path,
               exporter: Any = None, show_progress: bool = True) -> ShardReport:
     """Generate one shard (skip when its verified manifest exists, resume from its progress file otherwise)."""
+    from trex.sandbox import require_isolation
     from trex.telemetry.progress import Progress
 
+    isolation = require_isolation(cfg.sandbox.min_isolation)
+    if exporter is not None:
+        exporter.metric("trex_ordata_sandbox_isolation", mode=isolation).set(1)
     folder = Path(out_dir) / shard_dir_name(shard_index, num_shards)
     chash = config_hash(cfg)
     done = manifest_complete(folder, chash)

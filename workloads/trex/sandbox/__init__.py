@@ -1,8 +1,15 @@
-"""trex.sandbox: isolated execution of generated solver code (shared by ORData and evaluation).
+"""trex.sandbox: isolated execution of generated solver code (shared by ORData, evaluation and rewards).
+
+One entry point: :func:`run_python` runs a program and returns a :class:`SandboxResult` whose
+``solves`` are what gurobipy ``Model.optimize`` and highspy ``Highs.run``/``solve`` recorded
+inside the child (status, objective, sizes, the model's LP text), in call order; ``solve``,
+``status`` and ``objective`` are the last one. The records pipe is opened before user code but is
+writable by the program, so a record is a claim about a model: consumers compare its LP with a
+reference (ORData's structural gate) or re-solve it (evaluation).
 
 Output protocol
 ---------------
-A program reports its result by printing one line to stdout::
+A program also prints its result on one line to stdout (``SandboxResult.result``, what it *says*)::
 
     TREX_RESULT {"status": "optimal", "objective": 42.0, "values": {"x": 1.0, "y": 3.0}}
 
@@ -12,8 +19,15 @@ an object from variable names to numbers (may be empty). The last such line wins
 that is not valid JSON of that shape makes the result ``None``. There is deliberately no lenient
 fallback here: harnesses that want one add it on top of :attr:`SandboxResult.stdout`.
 
-Isolation
----------
+Modes
+-----
+``kernel-fs`` (bubblewrap, :mod:`trex.sandbox.kernelfs`: private minimal root, tmpfs work folder
+with a size quota, own /proc, seccomp filter) wherever bwrap runs, else ``namespaces`` (below),
+else ``audit``; ``TREX_SANDBOX_MODE`` forces one. :func:`require_isolation` enforces a job's
+``sandbox.minIsolation``. ``SandboxResult.mode`` says which mode ran.
+
+Details of namespaces and audit modes
+-------------------------------------
 :func:`run_python` writes the program to ``main.py`` in a fresh temporary directory and runs it
 with the same interpreter (``-I``: no user site, no ``PYTHON*`` variables; site-packages stay,
 because the solver libraries live there) in a new session with a scrubbed environment (PATH,
@@ -69,9 +83,18 @@ when the program exits.
 """
 
 from trex.sandbox.protocol import PREFIX, STATUSES, format_protocol, parse_protocol
-from trex.sandbox.runner import Limits, SandboxResult, isolation_mode, run_python, run_python_async
+from trex.sandbox.runner import (
+    ISOLATION_LEVELS,
+    Limits,
+    SandboxResult,
+    isolation_mode,
+    require_isolation,
+    run_python,
+    run_python_async,
+)
 
 __all__ = [
+    "ISOLATION_LEVELS",
     "PREFIX",
     "STATUSES",
     "Limits",
@@ -79,6 +102,7 @@ __all__ = [
     "format_protocol",
     "isolation_mode",
     "parse_protocol",
+    "require_isolation",
     "run_python",
     "run_python_async",
 ]

@@ -1,16 +1,24 @@
 """Child-side bootstrap of :mod:`trex.sandbox`: ``python -I -c <this source> <config fields>``.
 
 It is self-contained (stdlib only, no trex import) because the sandbox may run another
-interpreter. It joins the run's pids cgroup, sets the resource limits and, in ``namespaces`` mode,
-enters fresh user, PID and (unless networking is allowed) network namespaces (or, when the caller
-is root and the interpreter is readable by others, PID and network namespaces and then drops to a
-uid of its own); it then forks an
-init process (PID 1 of the new PID namespace) which forks the user program; when init exits the
-kernel kills everything left in the namespace. In both modes the user program runs behind an
-audit-hook guard that confines Python file access to the sandbox directory (plus read-only
-interpreter directories), blocks program execution and, in ``audit`` mode, also sockets and
-signals to foreign processes. With ``--zygote FD`` the same code serves as a fork server: it
-forks one process per run request received on the control socket.
+interpreter. Three stages, chosen by the configuration:
+
+* ``kernel-fs`` outside: join the run's pids cgroup, move the run's pipes to fixed descriptors,
+  write the seccomp filter (:func:`seccomp_filter`) to a pipe and exec bubblewrap, which starts
+  this source again inside the new namespaces;
+* ``kernel-fs`` inside (the supervisor, never runs user code): copy the inputs into the tmpfs work
+  folder, set the resource limits, fork the user program, wait for it, then send the collected
+  files and the program's status to the parent on descriptors the program never holds;
+* ``namespaces``/``audit``: join the cgroup, enter fresh user/PID/network namespaces (namespaces
+  mode; or drop to a uid of its own as root), set the limits and fork an init (PID 1) which forks
+  the user program.
+
+The user program always runs behind the solver recorder (:class:`_SolverHook`: every gurobipy
+``Model.optimize`` and highspy ``Highs.run``/``solve`` writes one JSON record of status,
+objective, sizes and the model's LP text to the records descriptor) and the audit-hook guard
+(file access confined to the work folder plus read-only interpreter folders, no program
+execution, no UNIX sockets outside the folder; in ``audit`` mode also no network sockets and no
+signals to foreign processes). With ``--zygote FD`` the same code serves as a fork server.
 """
 
 from __future__ import annotations
@@ -24,9 +32,16 @@ if TYPE_CHECKING:  # typing costs milliseconds of start-up; the child never need
 
 # argv layout after the source: dir, script, mode, counter, count_forks, network, allow_subprocess,
 # max_processes, cgroup ("" for none), rlimits ("cpu_s,memory_mb,file_mb,nofile,nproc", nproc 0 = unset),
-# uid to drop to ("" to keep the caller's), then extra read paths (flags are "0"/"1").
+# uid to drop to ("" to keep the caller's), records fd, "status_fd,collect_fd" of the kernel-fs outer stage
+# started as a fresh interpreter ("" otherwise), collect names ("\n"-joined), inputs folder ("" when
+# the inputs are in place), model cap (bytes), then extra read paths, then optionally "--exec" and the
+# command the kernel-fs outer stage execs (flags are "0"/"1").
 CONFIG_KEYS = ("dir", "script", "mode", "counter", "count_forks", "network", "allow_subprocess", "max_processes",
-               "cgroup", "rlimits", "uid")
+               "cgroup", "rlimits", "uid", "records_fd", "pipes", "collect", "inputs", "model_cap")
+EXEC_MARK = "--exec"
+# Descriptors inside a kernel-fs sandbox: the supervisor's status and collect pipes, the records pipe.
+STATUS_FD, RECORDS_FD, COLLECT_FD, SECCOMP_FD = 3, 4, 5, 6
+MAX_RECORDS = 64
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -98,11 +113,15 @@ class _Guard:
         return os.path.realpath(path)
 
     def _proc_self_ok(self, path: str) -> bool:
+        """Own /proc entries, but none that lead back into the file system (root, cwd, exe, ...),
+        also not through a thread's folder (``/proc/self/task/<tid>/root``)."""
         norm = os.path.normpath(path)
-        for prefix in ("/proc/self/", "/proc/thread-self/"):
+        for prefix in ("/proc/self/", "/proc/thread-self/", f"/proc/{os.getpid()}/"):
             if norm.startswith(prefix):
-                first = norm[len(prefix):].split(os.sep, 1)[0]
-                return first not in _PROC_SELF_DENIED
+                parts = norm[len(prefix):].split(os.sep)
+                if parts[0] == "task":
+                    parts = parts[2:]
+                return not parts or parts[0] not in _PROC_SELF_DENIED
         return False
 
     def _can_read(self, path: str, dir_fd: Any = None) -> bool:
@@ -137,10 +156,14 @@ class _Guard:
         elif event in ("os.fork", "os.forkpty"):
             if self.count_forks:
                 self._count_process()
-        elif event == "ctypes.dlsym":
+        elif event in ("ctypes.dlsym", "ctypes.dlsym/handle"):
             name = args[1] if len(args) > 1 else None
-            if isinstance(name, str) and name in _DENIED_SYMBOLS:
+            if isinstance(name, bytes):
+                name = name.decode("latin-1")
+            if not isinstance(name, str) or name in _DENIED_SYMBOLS:
                 raise PermissionError(f"trex.sandbox: ctypes access to {name!r} is not allowed")
+        elif event in ("socket.bind", "socket.connect", "socket.sendto"):
+            self._on_socket(event, args)
         elif self.audit_mode:
             self._audit_only(event, args)
 
@@ -161,6 +184,22 @@ class _Guard:
             what = "writing" if writing else "reading"
             raise PermissionError(f"trex.sandbox: {what} outside the sandbox directory is not allowed: {path!r}")
 
+    def _on_socket(self, event: str, args: tuple[Any, ...]) -> None:
+        """UNIX sockets only on paths inside the folder; abstract names only in a network namespace."""
+        import socket
+
+        sock, addr = args[0], args[-1]
+        if getattr(sock, "family", None) != socket.AF_UNIX:
+            if self.block_net:
+                raise PermissionError("trex.sandbox: network access is not allowed")
+            return
+        path = os.fsdecode(addr) if isinstance(addr, str | bytes) else ""
+        if path.startswith("\0") or not path:
+            if self.audit_mode:
+                raise PermissionError(f"trex.sandbox: abstract UNIX sockets are not allowed ({event})")
+        elif not self._guarded(self._can_write, path, None):
+            raise PermissionError(f"trex.sandbox: UNIX socket outside the sandbox directory: {path!r}")
+
     def _audit_only(self, event: str, args: tuple[Any, ...]) -> None:
         if event == "os.kill":
             pid = args[0]
@@ -177,10 +216,10 @@ class _Guard:
         elif event == "os.killpg":
             if args[0] != os.getpgrp():
                 raise PermissionError("trex.sandbox: signalling processes outside the sandbox is not allowed")
-        elif self.block_net and event in ("socket.__new__", "socket.connect", "socket.bind", "socket.sendto"):
+        elif self.block_net and event == "socket.__new__":
             import socket
 
-            fam = args[1] if event == "socket.__new__" and len(args) > 1 else getattr(args[0], "family", None)
+            fam = args[1] if len(args) > 1 else -1
             if fam not in (socket.AF_UNIX, -1):
                 raise PermissionError("trex.sandbox: network access is not allowed")
         elif self.block_net and event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr"):
@@ -293,21 +332,9 @@ def _unshare(flags: int) -> None:
         raise OSError(err, f"trex.sandbox: unshare failed: {os.strerror(err)}")
 
 
-def _setup(cfg: dict[str, Any]) -> None:
-    """Join the run's pids cgroup, enter fresh namespaces, set resource limits, drop to the run's uid."""
+def _set_rlimits(cfg: dict[str, Any]) -> None:
     import resource
 
-    if cfg["cgroup"]:
-        _write_file(os.path.join(cfg["cgroup"], "cgroup.procs"), str(os.getpid()))
-    net = 0 if cfg["network"] else CLONE_NEWNET
-    if cfg["mode"] == "namespaces" and cfg["uid"]:
-        _unshare(CLONE_NEWPID | net)  # root in the initial user namespace: no user namespace needed
-    elif cfg["mode"] == "namespaces":
-        uid, gid = os.geteuid(), os.getegid()
-        _unshare(CLONE_NEWUSER | CLONE_NEWPID | net)
-        _write_file("/proc/self/setgroups", "deny")
-        _write_file("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write_file("/proc/self/gid_map", f"{gid} {gid} 1")
     cpu_s, memory_mb, file_mb, nofile, nproc = (int(x) for x in cfg["rlimits"].split(","))
     mb = 1 << 20
     for res, value in (
@@ -322,6 +349,24 @@ def _setup(cfg: dict[str, Any]) -> None:
         # Counted per (user namespace, uid): a per-run budget for a run's own uid or a non-root
         # caller's namespace (the kernel exempts uid 0 from RLIMIT_NPROC in every namespace).
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def _setup(cfg: dict[str, Any]) -> None:
+    """Join the run's pids cgroup; namespaces/audit: enter fresh namespaces, set limits, drop to the run's uid."""
+    if cfg["cgroup"]:
+        _write_file(os.path.join(cfg["cgroup"], "cgroup.procs"), str(os.getpid()))
+    if cfg["mode"] == "kernel-fs":
+        return  # limits are set inside, by the supervisor
+    net = 0 if cfg["network"] else CLONE_NEWNET
+    if cfg["mode"] == "namespaces" and cfg["uid"]:
+        _unshare(CLONE_NEWPID | net)  # root in the initial user namespace: no user namespace needed
+    elif cfg["mode"] == "namespaces":
+        uid, gid = os.geteuid(), os.getegid()
+        _unshare(CLONE_NEWUSER | CLONE_NEWPID | net)
+        _write_file("/proc/self/setgroups", "deny")
+        _write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write_file("/proc/self/gid_map", f"{gid} {gid} 1")
+    _set_rlimits(cfg)
     if cfg["uid"]:
         run_uid = int(cfg["uid"])
         os.setgroups([])
@@ -331,13 +376,325 @@ def _setup(cfg: dict[str, Any]) -> None:
 
 def parse_config(fields: list[str]) -> dict[str, Any]:
     """The run configuration from its argv form (see :data:`CONFIG_KEYS`)."""
+    command: list[str] = []
+    if EXEC_MARK in fields:
+        at = fields.index(EXEC_MARK)
+        fields, command = fields[:at], fields[at + 1:]
     cfg: dict[str, Any] = dict(zip(CONFIG_KEYS, fields[: len(CONFIG_KEYS)], strict=True))
     for key in ("count_forks", "network", "allow_subprocess"):
         cfg[key] = cfg[key] == "1"
+    cfg["records_fd"] = int(cfg["records_fd"])
+    cfg["model_cap"] = int(cfg["model_cap"])
+    cfg["collect"] = [n for n in cfg["collect"].split("\n") if n]
     cfg["read"] = fields[len(CONFIG_KEYS):]
+    cfg["exec"] = command
     return cfg
 
 
+# --- seccomp ------------------------------------------------------------------------------------------
+# (audit arch, syscalls denied with EPERM, clone, clone3, socket, socketpair, x32 bit or 0)
+_SYSCALLS: dict[str, tuple[int, tuple[int, ...], int, int, int, int, int]] = {
+    "x86_64": (0xC000003E, (101, 165, 166, 155, 161, 321, 250, 248, 249, 272, 308, 298, 310, 311, 246, 175, 313,
+                            176, 304, 303, 323, 425, 426, 427, 428, 429, 430, 431, 432, 433, 442, 312),
+               56, 435, 41, 53, 0x40000000),
+    "aarch64": (0xC00000B7, (117, 40, 39, 41, 51, 280, 219, 217, 218, 97, 268, 241, 270, 271, 104, 105, 273, 106,
+                             265, 264, 282, 425, 426, 427, 428, 429, 430, 431, 432, 433, 442, 272),
+                220, 435, 198, 199, 0),
+}
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
+_CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
+_EPERM, _ENOSYS, _EAFNOSUPPORT = 1, 38, 97
+
+
+def seccomp_filter(machine: str, network: bool) -> bytes:
+    """A classic-BPF seccomp program: ptrace, mount, bpf, keyctl, unshare/setns (and namespace flags of
+    clone), io_uring and kernel-module calls fail with EPERM; clone3 with ENOSYS (so libc falls back to
+    clone, whose flags can be checked); sockets other than AF_UNIX fail unless ``network``; calls of any
+    other architecture fail. KeyError for a machine without a table."""
+    import struct
+
+    arch, denied, clone, clone3, sock, sockpair, x32 = _SYSCALLS[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, errno = 0x7FFF0000, 0x00050000
+    prog: list[tuple[int, object, object, int]] = [(ld, 0, 0, 4), (jeq, 0, "deny", arch), (ld, 0, 0, 0)]
+    if x32:
+        prog.append((jge, "deny", 0, x32))
+    prog += [(jeq, "deny", 0, nr) for nr in denied]
+    prog += [(jeq, "nosys", 0, clone3), (jeq, "clone", 0, clone)]
+    if not network:
+        prog += [(jeq, "socket", 0, sock), (jeq, "socket", 0, sockpair)]
+    prog += [(ret, 0, 0, allow)]
+    labels = {"clone": len(prog)}
+    prog += [(ld, 0, 0, 16), (jset, "deny", 0, _CLONE_NS_FLAGS), (ret, 0, 0, allow)]
+    labels["socket"] = len(prog)
+    prog += [(ld, 0, 0, 16), (jeq, "allow", 0, 1), (ret, 0, 0, errno | _EAFNOSUPPORT)]
+    labels["allow"] = len(prog)
+    prog += [(ret, 0, 0, allow)]
+    labels["deny"] = len(prog)
+    prog += [(ret, 0, 0, errno | _EPERM)]
+    labels["nosys"] = len(prog)
+    prog += [(ret, 0, 0, errno | _ENOSYS)]
+    out = bytearray()
+    for i, (code, jt, jf, k) in enumerate(prog):
+        t = labels[jt] - i - 1 if isinstance(jt, str) else int(jt)  # type: ignore[call-overload]
+        f = labels[jf] - i - 1 if isinstance(jf, str) else int(jf)  # type: ignore[call-overload]
+        out += struct.pack("=HBBI", code, t, f, k)
+    return bytes(out)
+
+
+def _exec_bwrap(cfg: dict[str, Any], fds: dict[int, int]) -> None:
+    """kernel-fs outside: move the run's pipes to their fixed numbers, add the seccomp filter, exec bwrap."""
+    r, w = os.pipe()
+    os.write(w, seccomp_filter(os.uname().machine, bool(cfg["network"])))
+    os.close(w)
+    _place_fds({**fds, SECCOMP_FD: r})
+    os.execv(cfg["exec"][0], cfg["exec"])
+
+
+def _place_fds(fds: dict[int, int]) -> None:
+    """Put each source descriptor on its target number and close every descriptor above them."""
+    import fcntl
+
+    moved = {src: fcntl.fcntl(src, fcntl.F_DUPFD, 64) for src in set(fds.values())}  # above every target
+    for dst, src in fds.items():
+        os.dup2(moved[src], dst)
+    for fd in moved.values():
+        os.close(fd)
+    os.closerange(max(fds) + 1, 1 << 16)
+
+
+# --- kernel-fs warm path: one bwrap sandbox holds the fork server, every run gets namespaces of its own ----
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_MS_REC, _MS_PRIVATE, _MNT_DETACH = 16384, 1 << 18, 2
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUTS = 0x00020000, 0x08000000, 0x04000000
+RUNS = "/.trex-runs"
+"""Inside the warm sandbox: read-only bind of the host folder holding every run's inputs."""
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    libc = _libc()
+    if libc.mount(source.encode(), target.encode(), None if fstype is None else fstype.encode(), flags,
+                  None if data is None else data.encode()) != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, f"trex.sandbox: mount {target} failed: {os.strerror(err)}")
+
+
+def _drop_privileges(network: bool) -> None:
+    """Warm run's PID 1: no capabilities (bounding, ambient, effective, permitted), no new privileges, then
+    the seccomp filter, so the run ends up where a cold bwrap run starts."""
+    import ctypes
+
+    libc = _libc()
+    for cap in range(64):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP; EINVAL past the last capability
+            break
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    if libc.capset(header, data) != 0 or libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "trex.sandbox: cannot drop capabilities")
+    bpf = seccomp_filter(os.uname().machine, network)
+
+    class _Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    prog = _Prog(len(bpf) // 8, bpf)
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "trex.sandbox: cannot install the seccomp filter")
+
+
+def _warm_job(msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    """Fork-server child in the warm sandbox: private mount/PID/IPC/UTS/network namespaces, a tmpfs work
+    folder with the quota, a read-only view of everything else; its child (PID 1 of the run) mounts a
+    fresh /proc, drops every privilege and supervises. This process waits on the lifeline pipe and kills
+    the run when the parent closes it. Returns only in the user program."""
+    import signal
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    out_fd, err_fd, status_fd, records_fd, collect_fd, lifeline = fds[:6]
+    if msg.get("cgroup"):
+        os.write(fds[6], b"0")  # an opened cgroup.procs of the run's pids cgroup: "0" moves this process
+        os.close(fds[6])
+    os.write(status_fd, f"pid {os.getpid()}\n".encode())
+    null = os.open(os.devnull, os.O_RDONLY)
+    for src, dst in ((null, 0), (out_fd, 1), (err_fd, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    cfg = parse_config(msg["argv"])
+    os.environ.clear()
+    os.environ.update(msg["env"])
+    try:
+        _unshare(_CLONE_NEWNS | CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS | CLONE_NEWNET)
+        _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+        quota = f"size={int(msg['disk_mb'])}m,mode=0755"
+        for target, data in ((cfg["dir"], quota), (os.path.dirname(cfg["counter"]), "size=1m,mode=0755"),
+                             ("/dev/shm", "size=16m,mode=1777")):
+            if os.path.isdir(target):
+                _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, data)
+        _copy_inputs(cfg["inputs"], cfg["dir"])
+        cfg["inputs"] = ""
+        if _libc().umount2(RUNS.encode(), _MNT_DETACH) != 0:  # other runs' inputs leave this run's view
+            raise OSError("trex.sandbox: cannot hide the other runs' inputs")
+        for target in ("/", "/dev"):  # keep the flags the sandbox's own mounts are locked with
+            kept = os.statvfs(target).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
+        sup = os.fork()
+    except BaseException as exc:
+        os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
+        os.write(status_fd, b"status e 126\n")
+        os._exit(126)
+    if sup == 0:
+        try:
+            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            _drop_privileges(bool(cfg["network"]))
+            _place_fds({STATUS_FD: status_fd, RECORDS_FD: records_fd, COLLECT_FD: collect_fd})
+        except BaseException as exc:
+            os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
+            os.write(status_fd, b"status e 126\n")
+            os._exit(126)
+        cfg["records_fd"] = RECORDS_FD
+        _supervise(cfg)
+        return cfg
+    for fd in (0, 1, 2, status_fd, records_fd, collect_fd):
+        os.close(fd)
+    while True:  # until the parent closes the lifeline (it read the status, or gave up on the run)
+        try:
+            if not os.read(lifeline, 64):
+                break
+        except InterruptedError:
+            continue
+    try:
+        os.kill(sup, signal.SIGKILL)  # PID 1 of the run: the kernel ends everything left in it
+    except ProcessLookupError:
+        pass
+    os.waitpid(sup, 0)
+    os._exit(0)
+
+
+# --- the solver recorder ------------------------------------------------------------------------------
+_GRB_STATUS = {2: "optimal", 3: "infeasible", 4: "infeasible_or_unbounded", 5: "unbounded", 9: "time_limit",
+               13: "suboptimal"}
+_HIGHS_STATUS = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kUnbounded": "unbounded",
+                 "kUnboundedOrInfeasible": "infeasible_or_unbounded", "kTimeLimit": "time_limit",
+                 "kModelEmpty": "empty"}
+
+
+class _Recorder:
+    """Writes one JSON line per solve to the records descriptor (the parent reads it)."""
+
+    def __init__(self, fd: int, workdir: str, model_cap: int) -> None:
+        self.fd, self.dir, self.cap, self.count = fd, workdir, model_cap, 0
+
+    def _lp(self, write: Any) -> tuple[str | None, bool]:
+        path = os.path.join(self.dir, f".trex-solve-{os.getpid()}-{self.count}.lp")
+        try:
+            write(path)
+            with open(path, "rb") as fh:
+                data = fh.read(self.cap + 1)
+        except Exception:
+            return None, False
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if len(data) > self.cap:
+            return None, True
+        return data.decode("utf-8", "replace"), False
+
+    def emit(self, api: str, status: str, objective: Any, num_vars: int, num_constrs: int, write: Any) -> None:
+        import json
+        import math
+
+        self.count += 1
+        if self.count > MAX_RECORDS or self.fd < 0:
+            return
+        lp, truncated = self._lp(write)
+        obj = float(objective) if isinstance(objective, int | float) and math.isfinite(objective) else None
+        line = json.dumps({"api": api, "status": status, "objective": obj, "num_vars": int(num_vars),
+                           "num_constrs": int(num_constrs), "lp": lp, "lp_truncated": truncated}) + "\n"
+        data = line.encode()
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError:
+            self.fd = -1
+
+    def gurobi(self, m: Any) -> None:
+        status = _GRB_STATUS.get(m.Status, f"gurobi_status_{m.Status}")
+        obj = m.ObjVal if m.SolCount > 0 else None
+        self.emit("gurobipy", status, obj, m.NumVars, m.NumConstrs, m.write)
+
+    def highs(self, h: Any) -> None:
+        status = _HIGHS_STATUS.get(str(h.getModelStatus()).rsplit(".", 1)[-1], "other")
+        obj = h.getInfo().objective_function_value if status == "optimal" else None
+        quiet = h.getOptionValue("output_flag")
+        quiet = quiet[1] if isinstance(quiet, tuple) else quiet
+
+        def write(path: str) -> None:
+            h.setOptionValue("output_flag", False)  # writeModel announces itself on stdout otherwise
+            try:
+                h.writeModel(path)
+            finally:
+                h.setOptionValue("output_flag", bool(quiet))
+
+        self.emit("highspy", status, obj, h.getNumCol(), h.getNumRow(), write)
+
+
+def _instrument(name: str, module: Any, rec: _Recorder) -> None:
+    """Wrap gurobipy ``Model.optimize`` and highspy ``Highs.run``/``solve`` so each solve is recorded."""
+
+    def wrap(cls: Any, attr: str, record: Any) -> None:
+        original = getattr(cls, attr, None)
+        if original is None:
+            return
+
+        def solve(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                try:
+                    record(self)
+                except Exception:
+                    pass
+
+        setattr(cls, attr, solve)
+
+    if name == "gurobipy" and hasattr(module, "Model"):
+        wrap(module.Model, "optimize", rec.gurobi)
+    elif name == "highspy" and hasattr(module, "Highs"):
+        wrap(module.Highs, "run", rec.highs)
+        wrap(module.Highs, "solve", rec.highs)
+
+
+class _SolverHook:
+    """A meta-path finder that instruments gurobipy and highspy as they are imported."""
+
+    def __init__(self, rec: _Recorder) -> None:
+        self.rec = rec
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in ("gurobipy", "highspy"):
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original, rec = loader.exec_module, self.rec
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            _instrument(name, module, rec)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+# --- zygote and user program ----------------------------------------------------------------------------
 def _job(payload: bytes, fds: list[int]) -> dict[str, Any]:
     """Zygote child for one run: becomes the run's session leader; returns only in the user program."""
     import json
@@ -345,7 +702,7 @@ def _job(payload: bytes, fds: list[int]) -> dict[str, Any]:
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
-    out_fd, err_fd, status_fd = fds
+    out_fd, err_fd, status_fd, records_fd = fds[:4]
     msg = json.loads(payload)
     os.write(status_fd, f"pid {os.getpid()}\n".encode())
     null = os.open(os.devnull, os.O_RDONLY)
@@ -353,14 +710,17 @@ def _job(payload: bytes, fds: list[int]) -> dict[str, Any]:
         os.dup2(src, dst)
         os.close(src)
     cfg = parse_config(msg["argv"])
-    os.chdir(cfg["dir"])
+    cfg["records_fd"] = records_fd
+    os.chdir("/" if cfg["mode"] == "kernel-fs" else cfg["dir"])
     os.environ.clear()
     os.environ.update(msg["env"])
     try:
         _setup(cfg)
+        if cfg["mode"] == "kernel-fs":
+            _exec_bwrap(cfg, {STATUS_FD: status_fd, RECORDS_FD: records_fd, COLLECT_FD: fds[4]})
         _set_parent_death_signal()  # after _setup: changing credentials clears it
         if cfg["mode"] != "namespaces":
-            raise RuntimeError("the zygote runs namespaces-mode jobs only")
+            raise RuntimeError("the zygote runs namespaces and kernel-fs jobs only")
         _spawn_init(status_fd)
     except BaseException as exc:  # report set-up failures like a crashed program
         os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
@@ -370,26 +730,91 @@ def _job(payload: bytes, fds: list[int]) -> dict[str, Any]:
 
 
 def _zygote(ctl_fd: int) -> dict[str, Any]:
-    """Serve run requests (payload + stdout/stderr/status fds) by forking; returns only in a user program."""
-    import json  # noqa: F401  (imported once here, used by every job)
+    """Serve run requests (payload + stdout/stderr/status/records[/collect] fds) by forking; returns only in a
+    user program."""
+    import json
     import signal
     import socket
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # finished jobs are reaped by the kernel
     sock = socket.socket(fileno=ctl_fd)
     while True:
-        payload, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 3)
+        payload, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
         if not payload:
             os._exit(0)  # the parent went away
-        if len(fds) != 3:
+        if len(fds) < 4:
             for fd in fds:
                 os.close(fd)
             continue
         if os.fork() == 0:
             sock.close()
-            return _job(payload, fds)
+            msg = json.loads(payload)
+            return _warm_job(msg, fds) if "disk_mb" in msg else _job(payload, fds)
         for fd in fds:
             os.close(fd)
+
+
+def _copy_inputs(src: str, dst: str) -> None:
+    """kernel-fs: copy the run's inputs (read-only bind) into the tmpfs work folder."""
+    for root, dirs, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        target = dst if rel == "." else os.path.join(dst, rel)
+        os.makedirs(target, exist_ok=True)
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fi, open(os.path.join(target, name), "wb") as fo:
+                while chunk := fi.read(1 << 20):
+                    fo.write(chunk)
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+
+
+def _send_collected(cfg: dict[str, Any], fd: int) -> None:
+    """kernel-fs supervisor: each collected regular file (no symlinks) as ``name\\nsize\\n`` + bytes."""
+    cap = int(cfg["rlimits"].split(",")[2]) << 20
+    for name in cfg["collect"]:
+        try:
+            f = os.open(os.path.join(cfg["dir"], name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            import stat
+
+            if not stat.S_ISREG(os.fstat(f).st_mode):
+                continue
+            data = os.read(f, cap) if cap else b""
+        finally:
+            os.close(f)
+        blob = name.encode() + b"\n" + str(len(data)).encode() + b"\n" + data
+        while blob:
+            blob = blob[os.write(fd, blob):]
+
+
+def _supervise(cfg: dict[str, Any]) -> None:
+    """kernel-fs inside: prepare the work folder, fork the user program, report; returns only in the latter."""
+    if cfg["inputs"]:
+        _copy_inputs(cfg["inputs"], cfg["dir"])
+    os.chdir(cfg["dir"])
+    _set_rlimits(cfg)
+    _libc().prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the program cannot open our /proc entries
+    user = os.fork()
+    if user == 0:
+        os.closerange(STATUS_FD, STATUS_FD + 1)
+        os.closerange(COLLECT_FD, SECCOMP_FD + 1)
+        return
+    os.close(RECORDS_FD)
+    status = 0
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if pid == user:
+            break
+    try:
+        _send_collected(cfg, COLLECT_FD)
+    finally:
+        os.close(COLLECT_FD)
+        os.write(STATUS_FD, b"status " + _status_text(status) + b"\n")
+    os._exit(0)
 
 
 def _no_exec(*args: object, **kwargs: object) -> None:
@@ -397,7 +822,7 @@ def _no_exec(*args: object, **kwargs: object) -> None:
 
 
 def _run_program(cfg: dict[str, Any]) -> None:
-    """Install the guard and run the user program as ``__main__`` (exceptions propagate to the top)."""
+    """Install the recorder and the guard and run the user program as ``__main__``."""
     import types
 
     counter_fd = os.open(cfg["counter"], os.O_RDWR | os.O_CREAT, 0o600) if cfg["count_forks"] else -1
@@ -410,14 +835,20 @@ def _run_program(cfg: dict[str, Any]) -> None:
             sys.modules["subprocess"]._fork_exec = _no_exec  # type: ignore[attr-defined]
     if cfg["count_forks"]:
         import fcntl  # noqa: F401  (imported before the hook: the hook uses it)
+    import socket  # noqa: F401  (the hook reads socket.AF_UNIX)
+
     if cfg["mode"] == "audit":
         import posix
         import signal
-        import socket  # noqa: F401
 
         for mod, name in ((posix, "pidfd_open"), (os, "pidfd_open"), (signal, "pidfd_send_signal")):
             if hasattr(mod, name):
                 delattr(mod, name)
+    import importlib.machinery  # noqa: F401  (the solver hook needs it; imported before the guard)
+    import json  # noqa: F401
+    import math  # noqa: F401
+
+    sys.meta_path.insert(0, _SolverHook(_Recorder(cfg["records_fd"], cfg["dir"], cfg["model_cap"])))
     script = os.path.join(cfg["dir"], cfg["script"])
     with open(script, "rb") as fh:
         source = fh.read()
@@ -439,9 +870,16 @@ def main() -> None:
         cfg = _zygote(int(sys.argv[2]))
     else:
         cfg = parse_config(sys.argv[1:])
-        _setup(cfg)
-        if cfg["mode"] == "namespaces":
-            _spawn_init(-1)
+        if cfg["exec"]:  # kernel-fs, outside: the parent passed status, records and collect fds
+            _setup(cfg)
+            status_fd, collect_fd = (int(x) for x in cfg["pipes"].split(","))
+            _exec_bwrap(cfg, {STATUS_FD: status_fd, RECORDS_FD: cfg["records_fd"], COLLECT_FD: collect_fd})
+        if cfg["mode"] == "kernel-fs":
+            _supervise(cfg)
+        else:
+            _setup(cfg)
+            if cfg["mode"] == "namespaces":
+                _spawn_init(-1)
     _run_program(cfg)
 
 

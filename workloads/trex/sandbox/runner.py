@@ -24,7 +24,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from trex.sandbox._boot import CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER, CONFIG_KEYS
+from trex.sandbox import kernelfs
+from trex.sandbox._boot import (
+    CLONE_NEWNET,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CONFIG_KEYS,
+    EXEC_MARK,
+    MAX_RECORDS,
+    RECORDS_FD,
+    RUNS,
+)
 from trex.sandbox.protocol import parse_protocol
 
 SCRIPT_NAME = "main.py"
@@ -59,6 +69,10 @@ class Limits:
     """Allow the program to run other programs (exec); off because exec'd programs escape the file guard."""
     read_paths: tuple[str, ...] = ()
     """Extra files or folders the program may read (the interpreter's own folders are always readable)."""
+    max_disk_mb: int = 256
+    """Size of the tmpfs work folder (``kernel-fs``): everything the program writes, together (MiB)."""
+    max_model_kb: int = 4096
+    """LP text kept per recorded solve (KiB); a larger model is recorded without it (``lp_truncated``)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -82,27 +96,36 @@ class SandboxResult:
     timed_out: bool
     wall_s: float
     killed_reason: str | None
-    """timeout, output_limit, cpu_limit, memory_limit, file_size_limit, process_limit or signal:NAME."""
+    """timeout, output_limit, cpu_limit, memory_limit, file_size_limit, disk_limit, process_limit or signal:NAME."""
     result: dict[str, Any] | None
-    """The parsed protocol record (see :func:`trex.sandbox.parse_protocol`)."""
+    """The printed protocol record (see :func:`trex.sandbox.parse_protocol`): what the program *says*."""
     files: dict[str, bytes] = field(default_factory=dict)
     """Collected output files, by the relative name asked for (missing ones are absent)."""
     mode: str = ""
-    """Isolation used: ``namespaces`` (kernel) or ``audit`` (audit-hook guard only)."""
+    """Isolation used: ``kernel-fs`` (bubblewrap), ``namespaces`` (kernel namespaces, shared file
+    system) or ``audit`` (audit-hook guard only)."""
+    solves: list[dict[str, Any]] = field(default_factory=list)
+    """What the instrumented solvers recorded, one dict per ``optimize``/``run`` call, in order: ``api``,
+    ``status``, ``objective``, ``num_vars``, ``num_constrs``, ``lp`` (text or None), ``lp_truncated``."""
     process_limit: str = ""
     """How ``max_processes`` was enforced: ``cgroup`` (pids.max), ``rlimit`` (RLIMIT_NPROC) or ``guard``."""
     uid: int | None = None
     """The unprivileged uid of its own the program ran as, when privileges were dropped."""
 
     @property
+    def solve(self) -> dict[str, Any] | None:
+        """The last recorded solve (the program's answer), or None when it never called a solver."""
+        return self.solves[-1] if self.solves else None
+
+    @property
     def objective(self) -> float | None:
-        """Objective from the protocol record."""
-        return None if self.result is None else self.result.get("objective")
+        """Objective of the last recorded solve."""
+        return None if self.solve is None else self.solve["objective"]
 
     @property
     def status(self) -> str | None:
-        """Solver status from the protocol record."""
-        return None if self.result is None else self.result.get("status")
+        """Status of the last recorded solve."""
+        return None if self.solve is None else self.solve["status"]
 
     @property
     def ok(self) -> bool:
@@ -186,18 +209,63 @@ MODE_VAR = "TREX_SANDBOX_MODE"
 CGROUP_VAR = "TREX_SANDBOX_CGROUP"
 
 
-def isolation_mode() -> str:
-    """``namespaces`` where the kernel allows it, else ``audit``; ``TREX_SANDBOX_MODE`` may force one."""
+ISOLATION_LEVELS = ("audit", "namespaces", "kernel-fs")
+"""Isolation modes, weakest first."""
+
+
+@functools.cache
+def kernel_fs_available(python: str) -> bool:
+    """Whether bubblewrap runs ``python`` here with every option of the mode, cold (probed once per interpreter)."""
+    if kernelfs.bwrap_path() is None or not sys.platform.startswith("linux"):
+        return False
+    return _probe_kernel_fs(python, warm=False)
+
+
+@functools.cache
+def warm_kernel_fs_available(python: str) -> bool:
+    """Whether the warm kernel-fs fork server works for ``python`` here (probed once per interpreter)."""
+    return kernel_fs_available(python) and _probe_kernel_fs(python, warm=True)
+
+
+def _probe_kernel_fs(python: str, warm: bool) -> bool:
+    try:
+        probe = _run("import os\nos.listdir('.')\n", "kernel-fs", Limits(timeout_s=60.0, cpu_s=60), {}, (),
+                     python, None, warm=warm)
+    except (OSError, KeyError, ValueError, subprocess.SubprocessError):
+        return False
+    return probe.ok
+
+
+def isolation_mode(python: str | None = None) -> str:
+    """The strongest mode that works here: ``kernel-fs`` (bubblewrap), ``namespaces``, else ``audit``;
+    ``TREX_SANDBOX_MODE`` may force one (RuntimeError when the forced one cannot run)."""
     wanted = os.environ.get(MODE_VAR, "auto")
-    if wanted not in ("auto", "namespaces", "audit"):
-        raise ValueError(f"{MODE_VAR} must be auto, namespaces or audit, got {wanted!r}")
+    if wanted not in ("auto", *ISOLATION_LEVELS):
+        raise ValueError(f"{MODE_VAR} must be auto, {', '.join(ISOLATION_LEVELS)}, got {wanted!r}")
     if wanted == "audit":
         return "audit"
+    if wanted in ("auto", "kernel-fs") and kernel_fs_available(python or sys.executable):
+        return "kernel-fs"
+    if wanted == "kernel-fs":
+        raise RuntimeError(f"{MODE_VAR}=kernel-fs but bubblewrap cannot run here (install the bubblewrap package)")
     if namespaces_available():
         return "namespaces"
     if wanted == "namespaces":
         raise RuntimeError(f"{MODE_VAR}=namespaces but this kernel does not allow user namespaces here")
     return "audit"
+
+
+def require_isolation(minimum: str, python: str | None = None) -> str:
+    """The mode runs will use, or RuntimeError saying why it is weaker than ``minimum`` (a job's
+    ``sandbox.minIsolation``): untrusted code is not run under a weaker boundary than asked for."""
+    if minimum not in ISOLATION_LEVELS:
+        raise ValueError(f"sandbox.minIsolation must be one of {', '.join(ISOLATION_LEVELS)}, got {minimum!r}")
+    mode = isolation_mode(python)
+    if ISOLATION_LEVELS.index(mode) < ISOLATION_LEVELS.index(minimum):
+        hint = ("install bubblewrap (Debian package bubblewrap) and allow user namespaces"
+                if minimum == "kernel-fs" else "allow unprivileged user namespaces")
+        raise RuntimeError(f"sandbox.minIsolation is {minimum} but only {mode} isolation is available here: {hint}")
+    return mode
 
 
 @functools.cache
@@ -315,10 +383,11 @@ def _remove_pending_cgroups() -> None:
 # helpers
 
 
-def _boot_args(cfg: dict[str, Any]) -> list[str]:
+def _boot_args(cfg: dict[str, Any], command: Sequence[str] = ()) -> list[str]:
     """The bootstrap's argv (see ``_boot.CONFIG_KEYS``): no JSON, the child starts faster without it."""
     fixed = [cfg[k] for k in CONFIG_KEYS]  # booleans as "1"/"0"
-    return [("1" if v else "0") if isinstance(v, bool) else str(v) for v in fixed] + list(cfg["read"])
+    args = [("1" if v else "0") if isinstance(v, bool) else str(v) for v in fixed] + list(cfg["read"])
+    return [*args, EXEC_MARK, *command] if command else args
 
 
 def _safe_relpath(name: str, what: str) -> str:
@@ -342,15 +411,26 @@ def _child_env(home: str, sandbox_id: str, extra: Mapping[str, str] | None) -> d
     return env
 
 
-def _pump(out_fd: int, err_fd: int, exited: Callable[[], bool], deadline: float,
-          cap: int) -> tuple[bytes, bytes, bool, bool]:
-    """Read stdout/stderr until EOF, the deadline or the size cap; returns (out, err, timed_out, overflow)."""
-    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+@dataclass
+class _Stream:
+    """One pipe the parent drains: up to ``cap`` bytes kept; past it the run is killed (``fatal``) or the
+    rest is read and dropped."""
+
+    fd: int
+    cap: int
+    fatal: bool
+    data: bytearray = field(default_factory=bytearray)
+    overflow: bool = False
+
+
+def _pump(streams: Sequence[_Stream], exited: Callable[[], bool], deadline: float) -> tuple[bool, bool]:
+    """Drain ``streams`` until EOF, the deadline or a fatal overflow; returns (timed_out, fatal overflow)."""
+    by_fd = {s.fd: s for s in streams}
     sel = selectors.DefaultSelector()
-    for fd in bufs:
+    for fd in by_fd:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    timed_out = overflow = False
+    timed_out = fatal = False
     exited_at: float | None = None
     try:
         while sel.get_map():
@@ -363,22 +443,24 @@ def _pump(out_fd: int, err_fd: int, exited: Callable[[], bool], deadline: float,
             if exited_at is not None and now - exited_at > 0.5:
                 break  # pipes held open by a leftover background process
             for key, _ in sel.select(timeout=min(deadline - now, 0.1)):
-                fd = int(key.fd)
+                st = by_fd[int(key.fd)]
                 try:
-                    chunk = os.read(fd, 65536)
+                    chunk = os.read(st.fd, 65536)
                 except BlockingIOError:
                     continue
                 if not chunk:
-                    sel.unregister(fd)
+                    sel.unregister(st.fd)
                     continue
-                bufs[fd] += chunk
-                if len(bufs[fd]) > cap:
-                    overflow = True
-            if overflow:
+                if len(st.data) <= st.cap:
+                    st.data += chunk
+                if len(st.data) > st.cap:
+                    st.overflow = True
+                    fatal = fatal or st.fatal
+            if fatal:
                 break
     finally:
         sel.close()
-    return bytes(bufs[out_fd]), bytes(bufs[err_fd]), timed_out, overflow
+    return timed_out, fatal
 
 
 def _decode(data: bytes, cap: int) -> str:
@@ -446,9 +528,54 @@ def classify(*, timed_out: bool, overflow: bool, exit_code: int | None, sig: int
         return "memory_limit"
     if "File too large" in tail:
         return "file_size_limit"
+    if "No space left on device" in tail:
+        return "disk_limit"
     if "Resource temporarily unavailable" in tail or "process limit reached" in tail:
         return "process_limit"
     return None
+
+
+_RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "api": (str,), "status": (str,), "objective": (float, int, type(None)), "num_vars": (int,),
+    "num_constrs": (int,), "lp": (str, type(None)), "lp_truncated": (bool,),
+}
+
+
+def parse_records(data: bytes) -> list[dict[str, Any]]:
+    """The solve records of the records pipe: one JSON object per line; lines of another shape are dropped."""
+    out: list[dict[str, Any]] = []
+    for line in data.splitlines()[:MAX_RECORDS]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or set(rec) != set(_RECORD_TYPES):
+            continue
+        if all(isinstance(rec[k], t) and not (isinstance(rec[k], bool) and bool not in t)
+               for k, t in _RECORD_TYPES.items()):
+            rec["objective"] = None if rec["objective"] is None else float(rec["objective"])
+            out.append(rec)
+    return out
+
+
+def parse_collected(data: bytes, names: Sequence[str]) -> dict[str, bytes]:
+    """Files sent by the kernel-fs supervisor (``name\\nsize\\n`` + bytes each), only those asked for."""
+    out: dict[str, bytes] = {}
+    pos = 0
+    while pos < len(data):
+        name_end = data.find(b"\n", pos)
+        size_end = data.find(b"\n", name_end + 1)
+        if name_end < 0 or size_end < 0 or not data[name_end + 1:size_end].isdigit():
+            break
+        name = data[pos:name_end].decode("utf-8", "replace")
+        size = int(data[name_end + 1:size_end])
+        body = data[size_end + 1:size_end + 1 + size]
+        if len(body) < size:
+            break
+        if name in names:
+            out[name] = bytes(body)
+        pos = size_end + 1 + size
+    return out
 
 
 def _collect(workdir: Path, names: Sequence[str], max_bytes: int) -> dict[str, bytes]:
@@ -474,26 +601,51 @@ def _collect(workdir: Path, names: Sequence[str], max_bytes: int) -> dict[str, b
 # public API
 
 
-class _Exec:
-    """A run started as a fresh interpreter (``python -I -c <bootstrap> <config>``)."""
+def _status_of(line: bytes) -> tuple[int | None, int | None]:
+    """(exit code, signal) from a ``status e|s N`` line; killed (SIGKILL) when there is none."""
+    parts = line.split()
+    if len(parts) == 3 and parts[0] == b"status" and parts[2].isdigit():
+        return (int(parts[2]), None) if parts[1] == b"e" else (None, int(parts[2]))
+    return None, int(signal.SIGKILL)  # killed before it could report
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+
+class _Exec:
+    """A run started as a fresh interpreter (``python -I -c <bootstrap> <config>``).
+
+    kernel-fs: the interpreter execs bubblewrap, whose supervisor reports the status on ``status_fd``.
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, pass_fds: Sequence[int],
+                 status_fd: int | None) -> None:
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
         )
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self.out_fd, self.err_fd = self.proc.stdout.fileno(), self.proc.stderr.fileno()
         self.pgid = self.proc.pid
+        self.status_fd = status_fd
 
     def exited(self) -> bool:
         return self.proc.poll() is not None
+
+    def stop(self, mode: str, sandbox_id: str) -> None:
+        """Kill what is left of the run."""
+        _kill_tree(self.pgid, mode, sandbox_id)
 
     def wait(self) -> tuple[int | None, int | None]:
         rc = self.proc.wait()
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self.proc.stdout.close()
         self.proc.stderr.close()
+        if self.status_fd is not None:
+            os.set_blocking(self.status_fd, False)
+            try:
+                line = os.read(self.status_fd, 256)
+            except BlockingIOError:
+                line = b""
+            os.close(self.status_fd)
+            return _status_of(line.strip())
         return (rc, None) if rc >= 0 else (None, -rc)
 
 
@@ -504,16 +656,19 @@ class ZygoteUnavailable(RuntimeError):
 class _Zygote:
     """A fork server: one pristine ``python -I`` per interpreter path that forks a process per run.
 
-    It saves the interpreter start-up of every run. Each run's process is forked from a state that
-    never ran user code, then does exactly what a fresh bootstrap does (session, cgroup,
-    namespaces, limits, guard). Runs share the interpreter's hash seed.
+    It saves the interpreter start-up of every namespaces run (a cold kernel-fs run's launcher is
+    forked from it too, joins the cgroup and execs bubblewrap). Each run's process is forked from a
+    state that never ran user code, then does exactly what a fresh bootstrap does. Runs share the
+    interpreter's hash seed.
     """
 
-    def __init__(self, python: str) -> None:
+    runs_dir: Path | None = None
+
+    def __init__(self, python: str, wrap: Sequence[str] = ()) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [python, "-I", "-c", _BOOT_SOURCE, "--zygote", str(child.fileno())], pass_fds=(child.fileno(),),
+                [*wrap, python, "-I", "-c", _BOOT_SOURCE, "--zygote", str(child.fileno())], pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, start_new_session=True,
             )
@@ -539,18 +694,40 @@ class _Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.runs_dir is not None:
+            shutil.rmtree(self.runs_dir, ignore_errors=True)
 
 
-_ZYGOTES: dict[str, _Zygote] = {}
+class _WarmZygote(_Zygote):
+    """The kernel-fs warm path: a fork server inside one long-lived bwrap sandbox (the minimal root, all
+    capabilities of its own user namespace, no seccomp yet). Each run's process enters private mount,
+    PID, IPC, UTS and network namespaces, mounts its tmpfs quota, hides every other run's inputs,
+    remounts the rest read-only, and its PID 1 drops every capability and installs the seccomp
+    filter before the program's first line: the boundary of a cold bwrap run without its start-up."""
+
+    def __init__(self, python: str, read: Sequence[str]) -> None:
+        bwrap = kernelfs.bwrap_path()
+        if bwrap is None:
+            raise ZygoteUnavailable("no bubblewrap")
+        self.runs_dir = Path(tempfile.mkdtemp(prefix="trex-sandbox-runs-"))
+        roots = [*kernelfs.interpreter_roots(python), *read]
+        super().__init__(python, kernelfs.warm_command(bwrap, roots, str(self.runs_dir)))
+
+
+_ZYGOTES: dict[tuple[str, ...], _Zygote] = {}
 _ZYGOTE_LOCK = threading.Lock()
 ZYGOTE_VAR = "TREX_SANDBOX_ZYGOTE"
 
 
-def _zygote_for(python: str) -> _Zygote:
+def _zygote_for(python: str, warm_read: Sequence[str] | None = None) -> _Zygote:
+    """The fork server of ``python`` (with ``warm_read``: the kernel-fs warm one binding those paths)."""
+    key = (python,) if warm_read is None else ("kernel-fs", python, *warm_read)
     with _ZYGOTE_LOCK:
-        z = _ZYGOTES.get(python)
+        z = _ZYGOTES.get(key)
         if z is None or not z.alive():
-            z = _ZYGOTES[python] = _Zygote(python)
+            if z is not None:
+                z.close()
+            z = _ZYGOTES[key] = _Zygote(python) if warm_read is None else _WarmZygote(python, warm_read)
         return z
 
 
@@ -565,12 +742,14 @@ def _close_zygotes() -> None:
 class _Forked:
     """A run forked by the zygote; its status comes back on a pipe (``pid N``, then ``status e|s N``)."""
 
-    def __init__(self, zygote: _Zygote, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, zygote: _Zygote, argv: list[str], env: dict[str, str], extra_fds: list[int],
+                 extra: Mapping[str, Any] | None = None) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
         try:
-            zygote.send(json.dumps({"argv": argv, "env": env}).encode(), [out_w, err_w, st_w])
+            msg = {"argv": argv, "env": env, **(extra or {})}
+            zygote.send(json.dumps(msg).encode(), [out_w, err_w, st_w, *extra_fds])
         except OSError as exc:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
@@ -613,10 +792,7 @@ class _Forked:
     def wait(self) -> tuple[int | None, int | None]:
         line = self._read_line(deadline=time.monotonic() + 30.0)
         self.close()
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == b"status" and parts[2].isdigit():
-            return (int(parts[2]), None) if parts[1] == b"e" else (None, int(parts[2]))
-        return None, int(signal.SIGKILL)  # killed before it could report
+        return _status_of(line)
 
     def close(self) -> None:
         for fd in (self.out_fd, self.err_fd, self.st_fd):
@@ -625,10 +801,39 @@ class _Forked:
             except OSError:
                 pass
 
+    def stop(self, mode: str, sandbox_id: str) -> None:
+        """Kill what is left of the run."""
+        _kill_tree(self.pgid, mode, sandbox_id)
+
+
+class _WarmRun(_Forked):
+    """A run of the warm kernel-fs fork server: its pid is one of the sandbox's, so it is never signalled
+    from here; closing the lifeline makes its launcher kill the run's PID 1."""
+
+    def __init__(self, zygote: _Zygote, argv: list[str], env: dict[str, str], extra_fds: list[int],
+                 extra: Mapping[str, Any], lifeline: int) -> None:
+        self.lifeline = lifeline
+        try:
+            super().__init__(zygote, argv, env, extra_fds, extra)
+        except ZygoteUnavailable:
+            self.stop("kernel-fs", "")
+            raise
+
+    def stop(self, mode: str, sandbox_id: str) -> None:
+        if self.lifeline >= 0:
+            os.close(self.lifeline)
+            self.lifeline = -1
+
+    def wait(self) -> tuple[int | None, int | None]:
+        try:
+            return super().wait()
+        finally:
+            self.stop("kernel-fs", "")
+
 
 def _use_zygote(mode: str) -> bool:
     wanted = os.environ.get(ZYGOTE_VAR, "auto")
-    return mode == "namespaces" and wanted != "off" and hasattr(socket, "send_fds")
+    return mode in ("namespaces", "kernel-fs") and wanted != "off" and hasattr(socket, "send_fds")
 
 
 def run_python(
@@ -640,17 +845,54 @@ def run_python(
     python: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in a fresh, isolated child interpreter and return what happened."""
+    """Run ``code`` as ``__main__`` in a fresh, isolated child interpreter and return what happened,
+    with every solve its gurobipy/highspy calls made (:attr:`SandboxResult.solves`)."""
     if not isinstance(code, str):
         raise ValueError("code must be a string of Python source")
     names = [_safe_relpath(n, "collect") for n in collect]
     inputs = {_safe_relpath(k, "files"): v for k, v in (files or {}).items()}
     if SCRIPT_NAME in inputs:
         raise ValueError(f"files: {SCRIPT_NAME!r} is reserved for the program")
-    mode = isolation_mode()
-    sandbox_id = uuid.uuid4().hex
     interpreter = python or sys.executable
-    root = Path(tempfile.mkdtemp(prefix="trex-sandbox-"))
+    return _run(code, isolation_mode(interpreter), limits, inputs, names, interpreter, env)
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+WARM_VAR = "TREX_SANDBOX_WARM"
+
+
+def _warm_zygote(mode: str, limits: Limits, interpreter: str, read: Sequence[str],
+                 warm: bool | None) -> _Zygote | None:
+    """The kernel-fs warm fork server for this run, or None (another mode, networking, disabled, unavailable;
+    ``warm`` forces the choice, for the probes)."""
+    if mode != "kernel-fs" or limits.network or warm is False:
+        return None
+    if warm is None and (not _use_zygote(mode) or os.environ.get(WARM_VAR, "auto") == "off"
+                         or not warm_kernel_fs_available(interpreter)):
+        return None
+    try:
+        return _zygote_for(interpreter, tuple(read))
+    except (OSError, ZygoteUnavailable):
+        return None
+
+
+def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes], names: Sequence[str],
+         interpreter: str, env: Mapping[str, str] | None, warm: bool | None = None) -> SandboxResult:
+    sandbox_id = uuid.uuid4().hex
+    kfs = mode == "kernel-fs"
+    read = [os.path.abspath(p) for p in limits.read_paths]
+    lic = os.environ.get("GRB_LICENSE_FILE")
+    if lic:
+        read.append(os.path.abspath(lic))
+    server = _warm_zygote(mode, limits, interpreter, read, warm)
+    root = Path(tempfile.mkdtemp(prefix="trex-sandbox-", dir=None if server is None else server.runs_dir))
     cgroup: Path | None = None
     try:
         work = root / "work"
@@ -665,51 +907,107 @@ def run_python(
         run_uid = RUN_UID_BASE + secrets.randbelow(RUN_UID_SPAN) if drop else None
         if run_uid is not None:
             _prepare_for_uid(root, work, run_uid)
-        nproc = limits.max_processes if (mode == "namespaces" and (drop or os.geteuid() != 0)) else 0
+        # RLIMIT_NPROC counts per user namespace: one per cold run, but warm runs share the server's.
+        own_ns = mode != "audit" and server is None
+        nproc = limits.max_processes if (own_ns and (drop or os.geteuid() != 0)) else 0
         cfg: dict[str, Any] = {
-            "dir": str(work), "script": SCRIPT_NAME, "mode": mode, "counter": str(root / "proc_count"),
-            "count_forks": cgroup is None and nproc == 0,
-            "read": [os.path.abspath(p) for p in limits.read_paths], "network": limits.network,
+            "dir": kernelfs.WORKDIR if kfs else str(work), "script": SCRIPT_NAME, "mode": mode,
+            "counter": f"{kernelfs.STATE}/proc_count" if kfs else str(root / "proc_count"),
+            "count_forks": cgroup is None and nproc == 0, "read": read, "network": limits.network,
             "allow_subprocess": limits.allow_subprocess, "max_processes": limits.max_processes,
-            "cgroup": str(cgroup) if cgroup is not None else "",
-            "rlimits": f"{limits.cpu_s},{limits.memory_mb},{limits.max_file_mb},{limits.max_open_files},{nproc}",
-            "uid": "" if run_uid is None else str(run_uid),
+            "cgroup": "", "rlimits": f"{limits.cpu_s},{limits.memory_mb},{limits.max_file_mb},"
+                                     f"{limits.max_open_files},{nproc}",
+            "uid": "" if run_uid is None else str(run_uid), "records_fd": RECORDS_FD, "pipes": "",
+            "collect": "\n".join(names), "model_cap": limits.max_model_kb << 10,
+            "inputs": "" if not kfs else (kernelfs.INPUTS if server is None else f"{RUNS}/{root.name}/work"),
         }
-        lic = os.environ.get("GRB_LICENSE_FILE")
-        if lic:
-            cfg["read"].append(os.path.abspath(lic))
-        args = _boot_args(cfg)
-        child_env = _child_env(str(work), sandbox_id, env)
+        child_env = _child_env(cfg["dir"], sandbox_id, env)
         cap = limits.max_output_kb * 1024
         start = time.monotonic()
+        rec_r, rec_w = os.pipe()
+        col_r, col_w = os.pipe() if kfs else (-1, -1)
+        parent_ends = [rec_r, col_r]
         run: _Exec | _Forked
         try:
-            if not _use_zygote(mode):
-                raise ZygoteUnavailable("disabled")
-            run = _Forked(_zygote_for(interpreter), args, child_env)
-        except ZygoteUnavailable:
-            run = _Exec([interpreter, "-I", "-c", _BOOT_SOURCE, *args], child_env, work)
-        try:
-            out, err, timed_out, overflow = _pump(run.out_fd, run.err_fd, run.exited, start + limits.timeout_s, cap)
+            try:
+                if server is None:
+                    raise ZygoteUnavailable("cold")
+                run = _start_warm(server, cfg, child_env, [rec_w, col_w], cgroup, limits.max_disk_mb)
+            except ZygoteUnavailable:
+                run = _start_cold(cfg, mode, interpreter, child_env, work, limits, cgroup, rec_w, col_w)
         finally:
-            # A forked run that reported its status left nothing behind (its PID namespace is gone)
-            # and its process, reaped already, may have lent its number to another group.
-            if isinstance(run, _Exec) or not run.exited():
-                _kill_tree(run.pgid, mode, sandbox_id)
-            exit_code, sig = run.wait()
+            _close_all([fd for fd in (rec_w, col_w) if fd >= 0])
+        streams = [_Stream(run.out_fd, cap, True), _Stream(run.err_fd, cap, True),
+                   _Stream(rec_r, MAX_RECORDS * ((limits.max_model_kb << 10) + 4096), False)]
+        if kfs:
+            streams.append(_Stream(col_r, len(names) * ((limits.max_file_mb << 20) + 4096), False))
+        try:
+            try:
+                timed_out, overflow = _pump(streams, run.exited, start + limits.timeout_s)
+            finally:
+                # A forked run that reported its status left nothing behind (its PID namespace is gone)
+                # and its process, reaped already, may have lent its number to another group.
+                if isinstance(run, _Exec | _WarmRun) or not run.exited():
+                    run.stop(mode, sandbox_id)
+                exit_code, sig = run.wait()
+        finally:
+            _close_all([fd for fd in parent_ends if fd >= 0])
         wall = time.monotonic() - start
-        stdout, stderr = _decode(out, cap), _decode(err, cap)
+        stdout, stderr = _decode(bytes(streams[0].data), cap), _decode(bytes(streams[1].data), cap)
         reason = classify(timed_out=timed_out, overflow=overflow, exit_code=exit_code, sig=sig, stderr=stderr)
+        collected = (parse_collected(bytes(streams[3].data), names) if kfs
+                     else _collect(work, names, limits.max_file_mb << 20))
         return SandboxResult(
             stdout=stdout, stderr=stderr, exit_code=exit_code, signal=sig, timed_out=timed_out, wall_s=wall,
-            killed_reason=reason, result=parse_protocol(stdout),
-            files=_collect(work, names, limits.max_file_mb << 20), mode=mode, uid=run_uid,
+            killed_reason=reason, result=parse_protocol(stdout), files=collected, mode=mode, uid=run_uid,
+            solves=parse_records(bytes(streams[2].data)),
             process_limit="cgroup" if cgroup is not None else ("guard" if cfg["count_forks"] else "rlimit"),
         )
     finally:
         if cgroup is not None:
             _remove_cgroup(cgroup)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_warm(zygote: _Zygote, cfg: dict[str, Any], env: dict[str, str], pipes: list[int], cgroup: Path | None,
+                disk_mb: int) -> _WarmRun:
+    """Hand the run to the warm kernel-fs fork server (records and collect pipes, lifeline, cgroup.procs)."""
+    life_r, life_w = os.pipe()
+    cg = os.open(cgroup / "cgroup.procs", os.O_WRONLY) if cgroup is not None else -1
+    try:
+        fds = [*pipes, life_r] + ([cg] if cg >= 0 else [])
+        extra = {"disk_mb": disk_mb, "cgroup": cg >= 0}
+        return _WarmRun(zygote, _boot_args(cfg), env, fds, extra, life_w)
+    finally:
+        _close_all([fd for fd in (life_r, cg) if fd >= 0])
+
+
+def _start_cold(cfg: dict[str, Any], mode: str, interpreter: str, env: dict[str, str], work: Path, limits: Limits,
+                cgroup: Path | None, rec_w: int, col_w: int) -> _Exec | _Forked:
+    """Start the run through the plain fork server (namespaces; the kernel-fs launcher) or a fresh interpreter."""
+    command: list[str] = []
+    if mode == "kernel-fs":
+        bwrap = kernelfs.bwrap_path()
+        if bwrap is None:
+            raise RuntimeError("kernel-fs isolation needs bubblewrap (bwrap)")
+        roots = [*kernelfs.interpreter_roots(interpreter), *cfg["read"]]
+        command = kernelfs.bwrap_command(bwrap, roots, str(work), limits.max_disk_mb, limits.network,
+                                         [interpreter, "-I", "-c", _BOOT_SOURCE, *_boot_args(cfg)])
+    outer = {**cfg, "cgroup": str(cgroup) if cgroup is not None else ""}
+    try:
+        if not _use_zygote(mode):
+            raise ZygoteUnavailable("disabled")
+        extra = [rec_w, col_w] if mode == "kernel-fs" else [rec_w]
+        return _Forked(_zygote_for(interpreter), _boot_args(outer, command), env, extra)
+    except ZygoteUnavailable:
+        st_r, st_w = os.pipe() if mode == "kernel-fs" else (-1, -1)
+        outer["records_fd"] = rec_w
+        outer["pipes"] = f"{st_w},{col_w}" if mode == "kernel-fs" else ""
+        try:
+            return _Exec([interpreter, "-I", "-c", _BOOT_SOURCE, *_boot_args(outer, command)], env, work,
+                         [fd for fd in (rec_w, st_w, col_w) if fd >= 0], st_r if st_r >= 0 else None)
+        finally:
+            _close_all([st_w] if st_w >= 0 else [])
 
 
 async def run_python_async(

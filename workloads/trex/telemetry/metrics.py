@@ -70,6 +70,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("trex_ordata_accepted_per_second", "gauge", "Accepted samples per second of this shard's run so far.", ()),
     MetricSpec("trex_ordata_sampling_attempts_total", "counter",
                "Candidate draws by the generators (resampled until feasible and bounded).", ("family",)),
+    MetricSpec("trex_ordata_sandbox_isolation", "gauge",
+               "1 for the sandbox isolation the generated programs run under (kernel-fs, namespaces or audit).",
+               ("mode",)),
     # --- evaluation ----------------------------------------------------------------------
     MetricSpec("trex_eval_pass_at_k", "gauge", "Unbiased pass@k per benchmark.", ("benchmark", "k", "protocol")),
     MetricSpec("trex_eval_samples_total", "counter", "Scored samples by verdict category.", ("benchmark", "category")),
@@ -78,6 +81,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("trex_eval_tokens_total", "counter", "Model tokens used.", ("benchmark", "direction")),
     MetricSpec("trex_eval_failed_requests_total", "counter",
                "Model requests that failed after retries (those samples stay missing until a rerun).", ("benchmark",)),
+    MetricSpec("trex_eval_sandbox_isolation", "gauge",
+               "1 for the sandbox isolation the model's programs run under (kernel-fs, namespaces or audit).", ("mode",)),
     # --- operator ------------------------------------------------------------------------
     MetricSpec("trex_operator_reconciles_total", "counter", "Reconciliations by kind and result.", ("kind", "result")),
     MetricSpec("trex_operator_reconcile_seconds", "histogram", "Reconciliation latency.", ("kind",)),

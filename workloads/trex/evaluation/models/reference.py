@@ -1,8 +1,10 @@
 """The reference model: answers every item with a program built from the item's own ground truth.
 
-It checks the harness end to end (prompt -> extraction -> sandbox -> protocol line -> scoring): a
-harness that is right scores it 100 %. Answer-only items get a program that prints the published
-answer through the TREX_RESULT protocol; Bench4Opt items get a program that loads the instance's
+It checks the harness end to end (prompt -> extraction -> sandbox -> recorded solve -> scoring): a
+harness that is right scores it 100 %. Answer-only items get a program that solves a one-variable
+highspy model whose outcome is the published answer (fixed at the optimum, or infeasible, or
+unbounded) and prints it through the TREX_RESULT protocol, because only a recorded solve counts;
+Bench4Opt items get a program that loads the instance's
 reference model.lp with gurobipy (highspy when gurobipy is missing or refuses the model), exports it
 as model.lp for ORGEval, solves it and prints the solver's outcome.
 """
@@ -87,7 +89,22 @@ def reference_program(item: Item) -> str:
             continue
         values[name] = v
     result = {"status": status, "objective": objective, "values": values}
-    return f"import json\n\nresult = json.loads({json.dumps(result)!r})\nprint('TREX_RESULT ' + json.dumps(result))\n"
+    return (f"import json\n\nimport highspy\n\nresult = json.loads({json.dumps(result)!r})\n{_answer_model(status, objective)}"
+            "print('TREX_RESULT ' + json.dumps(result))\n")
+
+
+def _answer_model(status: str, objective: float | None) -> str:
+    """highspy lines that solve a one-variable model with outcome ``status`` (and ``objective``)."""
+    lines = ["h = highspy.Highs()", "h.silent()", "inf = highspy.kHighsInf"]
+    if status == "optimal":
+        v = 0.0 if objective is None else float(objective)
+        lines += [f"h.addVar({v!r}, {v!r})", "h.changeColCost(0, 1.0)"]
+    elif status == "unbounded":
+        lines += ["h.setOptionValue('presolve', 'off')", "h.addVar(0.0, inf)", "h.changeColCost(0, -1.0)",
+                  "h.addRow(0.0, inf, 1, [0], [1.0])"]
+    else:  # infeasible, infeasible_or_unbounded, no solution
+        lines += ["h.addVar(0.0, 1.0)", "h.addRow(2.0, inf, 1, [0], [1.0])"]
+    return "\n".join([*lines, "h.run()", ""])
 
 
 class ReferenceModel:
