@@ -1,7 +1,9 @@
 """Every parallel layout against the single-process trainer (float64, same data and seeds): per-step losses
-and every parameter after 3 optimizer steps agree to 1e-10. The model has MTP, a dense layer, a hash-routed
+and every parameter after 3 optimizer steps agree to 1e-10. The model has MTP (a sliding-window block), a csa and an hca
+layer (DeepSeek-V4 attention with sinks and the indexer), a dense layer, a hash-routed
 layer, group-limited routing, mHC and CSA with query LoRA. Also: the token dispatcher on degenerate routing
-(every token to one expert, so one rank receives none) against the local experts, forward and backward."""
+(every token to one expert, so one rank receives none) against the local experts, forward and backward;
+and a checkpoint resharded from 4 ranks to 2 to 1 continuing the single-process loss history."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
 
 STEPS = 3
+RESHARD_STEPS = 6
 WORLD2 = {
     "dp2": {},
     "dp2-gather": {"muon": "gather"},
@@ -35,34 +38,35 @@ WORLD4 = {
 }
 
 
-def _cfg(ckpt: Path, layout: dict[str, Any]) -> TrainerConfig:
+def _cfg(ckpt: Path, layout: dict[str, Any], steps: int = STEPS, interval: int = 100) -> TrainerConfig:
     layout = dict(layout)
     muon = layout.pop("muon", "owner")
     return load_section(TrainerConfig, {
         "model": {"preset": "tiny", "dtype": "fp64", "overrides": {
             "attention": "csa", "hcMult": 2, "mtpDepth": 1, "numLayers": 2, "nDenseLayers": 1, "nHashLayers": 1,
-            "nGroups": 2, "topkGroups": 1, "qLoraRank": 16}},
-        "maxSteps": STEPS, "parallelism": layout,
+            "nGroups": 2, "topkGroups": 1, "qLoraRank": 16, "vHeadDim": 24,
+            "layerTypes": ["csa", "hca"]}},
+        "maxSteps": steps, "parallelism": layout,
         "data": {"seqLen": 32, "microBatchSize": 2, "globalBatchSize": 8},
         "optimizer": {"schedule": {"warmupSteps": 1}, "muon": {"distributed": muon}},
         "routing": {"biasUpdateSpeed": 0.01, "sequenceBalanceWeight": 0.01},
         "stability": {"enabled": False},
-        "checkpoint": {"dir": str(ckpt), "intervalSteps": 100, "exportHf": False},
+        "checkpoint": {"dir": str(ckpt), "intervalSteps": interval, "exportHf": False},
     })
 
 
-def _run(cfg: TrainerConfig, out: Path, group: Any) -> tuple[list[float], dict[str, torch.Tensor], Any]:
+def _run(cfg: TrainerConfig, out: Path, group: Any, until: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor], Any]:
     tr = Trainer(cfg, out, group=group, measure_peak=False, log=lambda _m: None)
-    res = tr.run(STEPS)
+    res = tr.run(until)
     return [r.loss for r in res.history], tr.full_state_dict(), tr
 
 
 def _dispatch_degenerate(out: Path) -> None:
     """ep2: every token to expert 0 (rank 1 receives nothing and sends everything) vs the local experts."""
+    from torch.distributed.tensor import Shard, distribute_tensor
     from trex.trainer.model.args import ModelArgs
     from trex.trainer.model.moe import GroupedExperts
     from trex.trainer.parallel.expert import ExpertDispatch
-    from torch.distributed.tensor import Shard, distribute_tensor
 
     torch.manual_seed(0)
     args = ModelArgs(hidden_size=16, moe_intermediate_size=8, n_routed_experts=4, experts_per_token=2)
@@ -108,6 +112,11 @@ def _worker(rank: int, world: int, out: str, layouts: dict[str, dict[str, Any]])
             if rank == 0:
                 (root / f"{name}.json").write_text(json.dumps(losses))
                 torch.save(state, root / f"{name}.pt")
+        # Resharding: steps 1-2 at 4 ranks (dp2 x ep2), 3-4 at 2 ranks (ep2), 5-6 in one process (the test).
+        until = {4: 2, 2: 4}[world]
+        losses, _, _ = _run(_cfg(root / "reshard", {"ep": 2}, RESHARD_STEPS, 2), root, dist.group.WORLD, until)
+        if rank == 0:
+            (root / f"reshard-{world}.json").write_text(json.dumps(losses))
     finally:
         dist.destroy_process_group()
 
@@ -123,8 +132,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], di
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("parallel")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(2, str(out), WORLD2), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
     mp.spawn(_worker, args=(4, str(out), WORLD4), nprocs=4, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    mp.spawn(_worker, args=(2, str(out), WORLD2), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
     return out
 
 
@@ -151,3 +160,17 @@ def test_dispatch_with_an_idle_rank_matches_local_experts(runs: Path) -> None:
     for rank in (0, 1):
         err = json.loads((runs / f"degenerate-{rank}.json").read_text())
         assert max(err.values()) < 1e-12, (rank, err)
+
+
+@pytest.mark.slow
+def test_checkpoint_reshards_from_four_ranks_to_two_to_one(runs: Path, tmp_path: Path) -> None:
+    """Saved at 4 ranks (dp2 x ep2), continued at 2 (ep2), then in one process: the same loss history as one
+    uninterrupted single-process run (DCP reshards model, both optimizers' states and the data position)."""
+    torch.set_num_threads(1)
+    ref, _, _ = _run(_cfg(tmp_path / "ref", {}, RESHARD_STEPS, 100), tmp_path, None, RESHARD_STEPS)
+    four = json.loads((runs / "reshard-4.json").read_text())
+    two = json.loads((runs / "reshard-2.json").read_text())
+    assert len(four) == 2 and len(two) == 2
+    one, _, tr = _run(_cfg(runs / "reshard", {}, RESHARD_STEPS, 2), runs, None, RESHARD_STEPS)
+    assert len(one) == 2 and tr.step == RESHARD_STEPS
+    assert four + two + one == pytest.approx(ref, abs=1e-10, rel=0)

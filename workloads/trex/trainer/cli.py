@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     group = None
     try:
         if env.world_size > 1:
-            group = _join_job(env, cfg.device)
+            group = _join_job(env, cfg.device, cfg.deterministic)
         trainer = Trainer(cfg, args.out, group=group, job_name=env.job_name, metrics_port=port)
     except ConfigProblem as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
@@ -145,7 +145,7 @@ def _export(trainer: Any) -> str | None:
     return str(path)
 
 
-def _join_job(env: Any, device: str) -> Any:
+def _join_job(env: Any, device: str, deterministic: bool = False) -> Any:
     """Join the job's process group from the pod env contract (MASTER_ADDR/PORT, WORLD_SIZE, RANK)."""
     import os
 
@@ -154,7 +154,8 @@ def _join_job(env: Any, device: str) -> Any:
     lr = local_rank(env.rank, env.nproc_per_node)
     os.environ.setdefault("LOCAL_RANK", str(lr))
     kind = select_device(device, local_rank=lr).kind
-    return init_distributed(kind, env.rank, env.world_size, env.master_addr, env.master_port)
+    return init_distributed(kind, env.rank, env.world_size, env.master_addr, env.master_port,
+                            deterministic=deterministic)
 
 
 def _leave(group: Any) -> None:
