@@ -193,6 +193,7 @@ class Reconciler:
                 body = await self.kube.get(API_VERSION, kind, namespace, name)
             if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
                 self.metrics.job_phase(key, None)
+                self.metrics.job_results(key, None)
                 self._locks.pop(key, None)
                 return None
             observed = observe(key)
@@ -202,6 +203,7 @@ class Reconciler:
             await self.apply(body, plan)
             phase = (plan.status or {}).get("phase")
             self.metrics.job_phase(key, phase if isinstance(phase, str) else None)
+            self.metrics.job_results(key, plan.status or body.get("status") or {})
             for cause in plan.restart_causes:
                 self.metrics.restarted(kind, cause)
             return plan

@@ -477,7 +477,7 @@ def openapi_document(resources: Sequence[Resource]) -> dict[str, Any]:
               {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": True}},
               {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": True}}]
     for res, g in zip(resources, gvk, strict=True):
-        schema = copy.deepcopy(dict(res.schema)) if res.schema else {
+        schema: dict[str, Any] = copy.deepcopy(dict(res.schema)) if res.schema else {
             "type": "object", "description": f"{res.kind} ({res.group_version})",
             "x-kubernetes-preserve-unknown-fields": True,
             "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},

@@ -129,7 +129,7 @@ class ApiServer(kmock.KubernetesEmulator):
         return (kmock.resource(group=res.group, version=res.version, plural=res.plural),
                 namespace if res.namespaced else None, name)
 
-    def get(self, res: am.Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+    def fetch(self, res: am.Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
         """The live object, or None."""
         obj = self.index[res.path].get((namespace if res.namespaced else None, name))
         return None if obj is None or obj.deleted else obj.raw
@@ -306,9 +306,9 @@ class ApiServer(kmock.KubernetesEmulator):
         if method == "GET" and q.get("watch") in ("true", "1"):
             return await self.serve_watch(raw, t)
         if method == "GET" and t.name is None:
-            return self.respond(raw, t.res, self.list(t, q))
+            return self.respond(raw, t.res, self.listing(t, q))
         if method == "GET":
-            obj = self.get(t.res, t.namespace, t.name or "")
+            obj = self.fetch(t.res, t.namespace, t.name or "")
             if obj is None:
                 raise self.not_found(t)
             return self.respond(raw, t.res, obj)
@@ -319,10 +319,10 @@ class ApiServer(kmock.KubernetesEmulator):
             return self.respond(raw, t.res, self.write(method, t, data, raw.content_type, q),
                                 status=201 if method == "POST" else 200)
         if method == "DELETE" and t.name:
-            return self.respond(raw, t.res, self.delete(t, data, q))
+            return self.respond(raw, t.res, self.delete_obj(t, data, q))
         if method == "DELETE":
-            gone = [self.delete(Target(t.res, (o["metadata"].get("namespace")), o["metadata"]["name"], None), data, q)
-                    for o in self.list(t, q)["items"]]
+            gone = [self.delete_obj(Target(t.res, (o["metadata"].get("namespace")), o["metadata"]["name"], None), data, q)
+                    for o in self.listing(t, q)["items"]]
             return aiohttp.web.json_response({"kind": f"{t.res.kind}List", "apiVersion": t.res.group_version,
                                               "metadata": {"resourceVersion": str(self.rv)}, "items": gone})
         raise ApiFailure(405, "MethodNotAllowed", f"{method} is not supported on {raw.path}")
@@ -330,14 +330,14 @@ class ApiServer(kmock.KubernetesEmulator):
     def write(self, method: str, t: Target, data: Any, content_type: str, q: Mapping[str, str]) -> dict[str, Any]:
         """Create (POST), replace (PUT) or patch (PATCH) an object; the stored (or dry-run) result."""
         if method == "POST":
-            return self.create(t, data, q)
+            return self.create_obj(t, data, q)
         if method == "PUT":
-            return self.replace(t, data, q)
-        return self.patch(t, data, content_type, q)
+            return self.replace_obj(t, data, q)
+        return self.patch_obj(t, data, content_type, q)
 
     async def call_webhooks(self, method: str, t: Target, data: Any, content_type: str, q: Mapping[str, str]) -> None:
         """Run the matching validating webhooks on what the write would store (a dry run first)."""
-        old = self.get(t.res, t.namespace, t.name) if t.name else None
+        old = self.fetch(t.res, t.namespace, t.name) if t.name else None
         operation = "CREATE" if old is None else "UPDATE"
         hooks = self.webhooks(t.res, operation)
         if not hooks:
@@ -386,7 +386,7 @@ class ApiServer(kmock.KubernetesEmulator):
         except ValueError as exc:
             raise ApiFailure(400, "BadRequest", str(exc)) from None
 
-    def list(self, t: Target, q: Mapping[str, str]) -> dict[str, Any]:
+    def listing(self, t: Target, q: Mapping[str, str]) -> dict[str, Any]:
         """A typed list (``<Kind>List``) of the objects passing the selectors."""
         labels, fields = self.selectors(q)
         items = [o for o in self.live(t.res, t.namespace) if am.matches(o, labels, fields)]
@@ -406,7 +406,7 @@ class ApiServer(kmock.KubernetesEmulator):
         initial = q.get("sendInitialEvents") == "true" or since in ("", "0")
         backlog: list[dict[str, Any]] = []
         if initial:
-            backlog = [{"type": "ADDED", "object": o} for o in self.list(t, q)["items"]]
+            backlog = [{"type": "ADDED", "object": o} for o in self.listing(t, q)["items"]]
             if q.get("sendInitialEvents") == "true":
                 backlog.append({"type": "BOOKMARK", "object": {
                     "kind": t.res.kind, "apiVersion": t.res.group_version,
@@ -462,7 +462,7 @@ class ApiServer(kmock.KubernetesEmulator):
 
     async def serve_log(self, raw: aiohttp.web.BaseRequest, t: Target) -> aiohttp.web.StreamResponse:
         """pods/log: the local kubelet's log file (``tailLines``, ``follow`` until the pod is done)."""
-        pod = self.get(t.res, t.namespace, t.name or "")
+        pod = self.fetch(t.res, t.namespace, t.name or "")
         if pod is None:
             raise self.not_found(t)
         path = (self.log_dir / f"{t.name}.log") if self.log_dir is not None else None
@@ -480,7 +480,7 @@ class ApiServer(kmock.KubernetesEmulator):
         await resp.write(text.encode())
         offset = path.stat().st_size
         while True:
-            current = self.get(t.res, t.namespace, t.name or "")
+            current = self.fetch(t.res, t.namespace, t.name or "")
             done = current is None or (current.get("status") or {}).get("phase") in ("Succeeded", "Failed")
             size = path.stat().st_size
             if size > offset:
@@ -494,7 +494,7 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # ---- writes ---------------------------------------------------------------------------------
 
-    def create(self, t: Target, data: Any, q: Mapping[str, str]) -> dict[str, Any]:
+    def create_obj(self, t: Target, data: Any, q: Mapping[str, str]) -> dict[str, Any]:
         """POST: a new object with server-set metadata."""
         if not isinstance(data, dict):
             raise ApiFailure(400, "BadRequest", "the body of a create must be an object")
@@ -514,7 +514,7 @@ class ApiServer(kmock.KubernetesEmulator):
         else:
             meta.pop("namespace", None)
             ns = None
-        if self.get(t.res, ns, name) is not None:
+        if self.fetch(t.res, ns, name) is not None:
             raise ApiFailure(409, "AlreadyExists", f'{t.res.plural}{"." + t.res.group if t.res.group else ""} "{name}" already exists',
                              {"name": name, "group": t.res.group, "kind": t.res.plural})
         body["apiVersion"], body["kind"] = t.res.group_version, t.res.kind
@@ -551,9 +551,9 @@ class ApiServer(kmock.KubernetesEmulator):
                                                         ("Established", "InitialNamesAccepted",
                                                          "the initial names have been accepted"))]}
 
-    def replace(self, t: Target, data: Any, q: Mapping[str, str]) -> dict[str, Any]:
+    def replace_obj(self, t: Target, data: Any, q: Mapping[str, str]) -> dict[str, Any]:
         """PUT: replace the object (or its status), with optimistic concurrency on resourceVersion."""
-        old = self.get(t.res, t.namespace, t.name or "")
+        old = self.fetch(t.res, t.namespace, t.name or "")
         if old is None:
             raise self.not_found(t)
         if not isinstance(data, dict):
@@ -565,13 +565,13 @@ class ApiServer(kmock.KubernetesEmulator):
             new = copy.deepcopy(data)
             if "status" in t.res.subresources and "status" in old:
                 new["status"] = old["status"]
-        return self.update(t, old, new, q)
+        return self.update_obj(t, old, new, q)
 
-    def patch(self, t: Target, data: Any, content_type: str, q: Mapping[str, str]) -> dict[str, Any]:
+    def patch_obj(self, t: Target, data: Any, content_type: str, q: Mapping[str, str]) -> dict[str, Any]:
         """PATCH: JSON patch, merge patch, strategic merge patch or server-side apply."""
-        old = self.get(t.res, t.namespace, t.name or "")
+        old = self.fetch(t.res, t.namespace, t.name or "")
         if content_type == "application/apply-patch+yaml":
-            return self.apply(t, old, data, q)
+            return self.apply_obj(t, old, data, q)
         if old is None:
             raise self.not_found(t)
         try:
@@ -590,9 +590,9 @@ class ApiServer(kmock.KubernetesEmulator):
             self.precondition(t, old, data)
         if t.subresource == "status":
             new = {**old, "status": new.get("status")}
-        return self.update(t, old, new, q)
+        return self.update_obj(t, old, new, q)
 
-    def apply(self, t: Target, old: dict[str, Any] | None, data: Any, q: Mapping[str, str]) -> dict[str, Any]:
+    def apply_obj(self, t: Target, old: dict[str, Any] | None, data: Any, q: Mapping[str, str]) -> dict[str, Any]:
         """Server-side apply for one field manager: fields it applied before and applies no more are
         removed, the rest is merged over the live object (other managers' fields stay)."""
         if not isinstance(data, dict):
@@ -600,11 +600,11 @@ class ApiServer(kmock.KubernetesEmulator):
         manager = q.get("fieldManager", "")
         key = (t.res.path, t.namespace, t.name or "", manager)
         if old is None:
-            body = self.create(Target(t.res, t.namespace, None, None),
+            body = self.create_obj(Target(t.res, t.namespace, None, None),
                                {**data, "metadata": {**(data.get("metadata") or {}), "name": t.name}}, q)
         else:
             diff = am.merge_diff(self.applied.get(key, {}), data)
-            body = self.update(t, old, am.merge_patch(old, diff), q)
+            body = self.update_obj(t, old, am.merge_patch(old, diff), q)
         if q.get("dryRun") != "All":
             self.applied[key] = copy.deepcopy(data)
         return body
@@ -618,7 +618,7 @@ class ApiServer(kmock.KubernetesEmulator):
                              f'"{t.name}": the object has been modified; please apply your changes to the latest version '
                              "and try again", {"name": t.name, "group": t.res.group, "kind": t.res.plural})
 
-    def update(self, t: Target, old: dict[str, Any], new: dict[str, Any], q: Mapping[str, str]) -> dict[str, Any]:
+    def update_obj(self, t: Target, old: dict[str, Any], new: dict[str, Any], q: Mapping[str, str]) -> dict[str, Any]:
         """Store a changed object: server metadata kept, generation bumped on spec changes, finalizers
         honoured (a terminating object without finalizers goes away)."""
         meta = new.setdefault("metadata", {})
@@ -647,10 +647,10 @@ class ApiServer(kmock.KubernetesEmulator):
         self.emit(t.res, "MODIFIED", new)
         return new
 
-    def delete(self, t: Target, data: Any, q: Mapping[str, str]) -> dict[str, Any]:
+    def delete_obj(self, t: Target, data: Any, q: Mapping[str, str]) -> dict[str, Any]:
         """DELETE with propagationPolicy Background (default), Foreground or Orphan; an object with
         finalizers is only marked (deletionTimestamp) until they are removed."""
-        old = self.get(t.res, t.namespace, t.name or "")
+        old = self.fetch(t.res, t.namespace, t.name or "")
         if old is None:
             raise self.not_found(t)
         opts = data if isinstance(data, dict) else {}
@@ -717,21 +717,21 @@ class ApiServer(kmock.KubernetesEmulator):
         decision = am.orphaned(((r.path, ns, n, o) for r, ns, n, o in everything), gone, live - gone)
         for path, ns, name, rest in decision.release:
             res = by_path[path]
-            current = self.get(res, ns, name)
+            current = self.fetch(res, ns, name)
             if current is not None:
                 new = copy.deepcopy(current)
                 new["metadata"]["ownerReferences"] = rest
                 self.store(res, ns, name, new)
                 self.emit(res, "MODIFIED", new)
         for path, ns, name in decision.delete:
-            if self.get(by_path[path], ns, name) is not None:
-                self.delete(Target(by_path[path], ns, name, None), {}, {"propagationPolicy": "Background"})
+            if self.fetch(by_path[path], ns, name) is not None:
+                self.delete_obj(Target(by_path[path], ns, name, None), {}, {"propagationPolicy": "Background"})
         for res, ns, name, obj in list(self._all_live()):
             fins = obj["metadata"].get("finalizers") or []
             if "foregroundDeletion" in fins and not self.dependents_of(str(obj["metadata"].get("uid"))):
                 new = copy.deepcopy(obj)
                 new["metadata"]["finalizers"] = [f for f in fins if f != "foregroundDeletion"]
-                self.update(Target(res, ns, name, None), obj, new, {})
+                self.update_obj(Target(res, ns, name, None), obj, new, {})
 
     # ---- admission ------------------------------------------------------------------------------
 

@@ -14,18 +14,20 @@ from typing import Any
 
 import kmock
 
-from trex_operator.api import KIND_INFO
+from trex_operator.api import GROUP, KIND_INFO
 
 
 class EmulatorThread:
     """The local API server on loopback from its own thread and event loop, with the trex CRDs installed.
 
     ``indexed``: keep only the latest object versions and request (long runs: the demo, scale
-    benchmarks); otherwise every version and request stays for the tests to assert on.
+    benchmarks); otherwise every version and request stays for the tests to assert on. ``crds``: install
+    the trex CRDs at start (the demo installs them with the chart instead).
     """
 
-    def __init__(self, indexed: bool = False) -> None:
+    def __init__(self, indexed: bool = False, crds: bool = True) -> None:
         self.indexed = indexed
+        self.crds = crds
         self.emulator: Any = None
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -37,16 +39,15 @@ class EmulatorThread:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
-        from trex_operator.crdgen import build_crd
-        from trex_operator.local.apiserver import ApiServer, Target
+        from trex_operator.local.apiserver import ApiServer
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         async with ApiServer() as emulator, kmock.Server(emulator) as server:
             emulator.keep_history = not self.indexed
-            crds = emulator.types["apiextensions.k8s.io/v1/customresourcedefinitions"]
-            for kind in KIND_INFO:
-                emulator.create(Target(crds, None, None, None), build_crd(kind), {})
+            self.emulator = emulator
+            if self.crds:
+                self._install_crds()
             self.emulator = emulator
             self.url = str(server.url).rstrip("/")
             self._ready.set()
@@ -59,6 +60,30 @@ class EmulatorThread:
         self._thread.start()
         if not self._ready.wait(20):
             raise RuntimeError("the Kubernetes API server did not start")
+
+    def _install_crds(self) -> None:
+        from trex_operator.crdgen import build_crd
+        from trex_operator.local.apiserver import Target
+
+        crds = self.emulator.types["apiextensions.k8s.io/v1/customresourcedefinitions"]
+        for kind in KIND_INFO:
+            if self.emulator.fetch(crds, None, f"{KIND_INFO[kind].plural}.{GROUP}") is None:
+                self.emulator.create_obj(Target(crds, None, None, None), build_crd(kind), {})
+
+    def install_crds(self) -> None:
+        """Create the trex CRDs (those not there yet) from the server's own thread."""
+        if self._loop is None:
+            raise RuntimeError("the API server is not running")
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                self._install_crds()
+            finally:
+                done.set()
+
+        self._loop.call_soon_threadsafe(run)
+        done.wait(20)
 
     def stop(self) -> None:
         """Stop serving and join the thread."""

@@ -54,9 +54,13 @@ def _text(v: int | bytes) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _bytes(v: int | bytes | None) -> bytes:
+    return v if isinstance(v, bytes) else b""
+
+
 def _map_entry(v: int | bytes, value: Callable[[bytes], Any]) -> tuple[str, Any]:
-    entry = dict(fields(v if isinstance(v, bytes) else b""))
-    return _text(entry.get(1, b"")), value(entry[2] if isinstance(entry.get(2), bytes) else b"")
+    entry = dict(fields(_bytes(v)))
+    return _text(entry.get(1, b"")), value(_bytes(entry.get(2)))
 
 
 def _time(v: int | bytes) -> str:
@@ -156,7 +160,7 @@ def decode(body: bytes) -> dict[str, Any]:
     if not body.startswith(MAGIC):
         raise ValueError("not a Kubernetes protobuf body (no k8s\\0 magic)")
     envelope = dict(fields(body[len(MAGIC):]))
-    type_meta = dict(fields(envelope.get(1, b"") if isinstance(envelope.get(1), bytes) else b""))
+    type_meta = dict(fields(_bytes(envelope.get(1))))
     api_version, kind = _text(type_meta.get(1, b"")), _text(type_meta.get(2, b""))
     raw = envelope.get(2, b"")
     if kind not in DECODERS or not isinstance(raw, bytes):
