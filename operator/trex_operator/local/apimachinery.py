@@ -123,7 +123,7 @@ class Requirement:
     values: tuple[str, ...] = ()
 
 
-_SET_TERM = re.compile(r"^\s*(!?)\s*([A-Za-z0-9_./-]+)\s*(?:(notin|in)\s*\(([^)]*)\)|(==|!=|=)\s*([^,\s]*))?\s*$")
+_SET_TERM = re.compile(r"^\s*(!?)\s*([A-Za-z0-9_./-]+)\s*(?:(notin|in)\s*\(([^)]*)\)|(==|!=|=)\s*([A-Za-z0-9_.-]*))?\s*$")
 
 
 def _split_terms(text: str) -> list[str]:
@@ -315,7 +315,7 @@ def human_age(since: str | None, now: dt.datetime) -> str:
     if s < 3 * 3600:
         return f"{s // 60}m"
     if s < 8 * 3600:
-        return f"{s // 3600}h{(s % 3600) // 60}m"
+        return f"{s // 3600}h{(s % 3600) // 60}m" if s % 3600 >= 60 else f"{s // 3600}h"
     if s < 48 * 3600:
         return f"{s // 3600}h"
     return f"{s // 86400}d"
