@@ -300,8 +300,8 @@ def find_tool(name: str) -> str | None:
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which(name)
 
 
-def install_chart(chart: Path, kubeconfig: Path, namespace: str, log: Path) -> str | None:
-    """``helm install trex <chart>`` into the local API server; None on success, else why not."""
+def install_chart(chart: Path, kubeconfig: Path, namespace: str, log: Path, values: Mapping[str, str]) -> str | None:
+    """``helm install trex <chart> --set k=v...`` into the local API server; None on success, else why not."""
     helm = find_tool("helm")
     if helm is None:
         return "helm not found"
@@ -309,7 +309,8 @@ def install_chart(chart: Path, kubeconfig: Path, namespace: str, log: Path) -> s
         return f"no chart at {chart}"
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(log.parent / "helm" / "cache"),
            "HELM_CONFIG_HOME": str(log.parent / "helm" / "config"), "HELM_DATA_HOME": str(log.parent / "helm" / "data")}
-    res = subprocess.run([helm, "install", "trex", str(chart), "--namespace", namespace], env=env,
+    sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+    res = subprocess.run([helm, "install", "trex", str(chart), "--namespace", namespace, *sets], env=env,
                          capture_output=True, text=True, timeout=120, check=False)
     log.write_text(res.stdout + res.stderr, encoding="utf-8")
     return None if res.returncode == 0 else f"helm install failed (exit {res.returncode}): {res.stderr.strip()[-300:]}"
@@ -345,7 +346,7 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
         print(f"trex demo: the local cluster needs kmock ({exc}); {INSTALL_HINT}", file=sys.stderr)
         return 2
     from trex_operator.kube import resource_path
-    from trex_operator.local.prometheus import LocalPrometheus, find_binary
+    from trex_operator.local.prometheus import LocalPrometheus, find_binary, free_port
 
     prepare_work_dir(work_dir)
     import logging
@@ -365,14 +366,18 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
         write_kubeconfig(kubeconfig, emulator.url, namespace)
         print(f"== local Kubernetes API server on {emulator.url}; kubectl and helm work against it:\n"
               f"   export KUBECONFIG={kubeconfig}")
-        why_not = install_chart(chart, kubeconfig, namespace, work_dir / "helm-install.log") if chart else "no chart"
+        webhook_port = free_port()
+        webhook = f"http://127.0.0.1:{webhook_port}"
+        why_not = install_chart(chart, kubeconfig, namespace, work_dir / "helm-install.log",
+                                {"webhook.url": webhook}) if chart else "no chart"
         if why_not is None:
-            print(f"== helm install trex {chart}: CRDs, RBAC, operator Deployment, dashboard ConfigMap installed"
-                  " (the operator itself runs in-process; the local kubelet runs job pods only)")
+            print(f"== helm install trex {chart}: CRDs, RBAC, operator Deployment, validating webhook, dashboard"
+                  f" ConfigMap (the operator runs in-process, its webhook on {webhook}; the local kubelet runs"
+                  " job pods only)")
         else:
             emulator.install_crds()
-            print(f"== {why_not}; installed the trex CRDs directly")
-        operator = OperatorThread(emulator.url, interval_s=1.0)
+            print(f"== {why_not}; installed the trex CRDs directly (no admission webhook)")
+        operator = OperatorThread(emulator.url, interval_s=1.0, webhook_port=webhook_port if why_not is None else -1)
         operator.start()
         print(f"== trex operator running in-process (reconcile every 1 s; metrics on 127.0.0.1:{operator.metrics_port})")
         binary = find_binary()

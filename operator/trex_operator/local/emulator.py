@@ -95,8 +95,11 @@ class EmulatorThread:
 class OperatorThread:
     """The trex operator (kopf + Reconciler) in its own thread and event loop against ``url``."""
 
-    def __init__(self, url: str, interval_s: float = 1.0, metrics_addr: str | None = "127.0.0.1") -> None:
+    def __init__(self, url: str, interval_s: float = 1.0, metrics_addr: str | None = "127.0.0.1",
+                 webhook_port: int = -1) -> None:
         self.url = url
+        self.webhook_port = webhook_port
+        """Serve the validating webhook on 127.0.0.1 (plain HTTP) at this port (-1 = off)."""
         self.interval_s = interval_s
         self.metrics_addr = metrics_addr
         self.metrics_port: int | None = None
@@ -112,7 +115,8 @@ class OperatorThread:
         from trex_operator.kube import Connection, Kube
         from trex_operator.reconciler import Reconciler, Settings
 
-        settings = Settings(interval_s=self.interval_s, metrics_port=-1, scrape_timeout_s=1.0)
+        settings = Settings(interval_s=self.interval_s, metrics_port=-1, scrape_timeout_s=1.0,
+                            webhook_port=self.webhook_port, webhook_addr="127.0.0.1")
         reconciler = Reconciler(Kube(Connection(server=self.url), retries=2, backoff_s=0.05), settings)
         if self.metrics_addr is not None:
             self.metrics_port = reconciler.metrics.serve(0, addr=self.metrics_addr)
@@ -128,6 +132,8 @@ class OperatorThread:
         self._thread.start()
         if not ready.wait(timeout_s):
             raise RuntimeError("the operator did not start")
+        if self.webhook_port > 0:
+            _wait_listening("127.0.0.1", self.webhook_port, timeout_s)
 
     def stop(self) -> None:
         """Stop kopf and wait for its thread."""
@@ -135,3 +141,18 @@ class OperatorThread:
         if self._thread is not None:
             self._thread.join(30)
             self._thread = None
+
+
+def _wait_listening(host: str, port: int, timeout_s: float) -> None:
+    """Block until something accepts connections on host:port (RuntimeError after ``timeout_s``)."""
+    import socket
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout_s:.0f}s")
