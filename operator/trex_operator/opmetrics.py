@@ -10,6 +10,9 @@ from typing import Any
 
 from trex.telemetry.metrics import METRICS
 
+RESTART_CAUSES = ("failure", "oomKilled", "preempted", "evicted", "nodeLost", "specChanged")
+"""The causes of gang restarts (trex_operator.lifecycle / engine): their counters start at 0, so the
+dashboard's restarts panel shows zeros rather than no data while nothing has restarted."""
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -32,6 +35,11 @@ class OperatorMetrics:
             else:
                 m[spec.name] = Histogram(name, spec.help, list(spec.labels), registry=self.registry, buckets=BUCKETS)
         self._m = m
+        from trex_operator.api import KIND_INFO
+
+        for kind in KIND_INFO:
+            for cause in RESTART_CAUSES:
+                m["trex_operator_restarts_total"].labels(kind=kind, cause=cause)
         self._phases: dict[tuple[str, str, str], tuple[str, str]] = {}
         self._results: dict[tuple[str, str, str], dict[tuple[str, tuple[str, ...]], float]] = {}
         self.port: int | None = None
