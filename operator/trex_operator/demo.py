@@ -316,20 +316,28 @@ def install_chart(chart: Path, kubeconfig: Path, namespace: str, log: Path, valu
     return None if res.returncode == 0 else f"helm install failed (exit {res.returncode}): {res.stderr.strip()[-300:]}"
 
 
-def check_dashboard(prom: Any, dashboard: Path, since: float, out: Path) -> bool:
-    """Run every Grafana panel's queries over the demo's time range; print and save which return data."""
+def check_dashboard(prom: Any, dashboard: Path, since: float, out: Path, settle_s: float = 15.0) -> bool:
+    """Run every Grafana panel's queries over the demo's time range (as the dashboard would); print and
+    save which return data. Panels still empty are retried for ``settle_s`` (the last job's results reach
+    Prometheus a scrape after it finished)."""
     from trex_operator.local.prometheus import panel_queries
 
-    end = time.time()
-    counts: dict[str, int] = {}
-    for title, exprs in panel_queries(json.loads(dashboard.read_text(encoding="utf-8")), end - since):
+    queries = panel_queries(json.loads(dashboard.read_text(encoding="utf-8")), time.time() - since)
+
+    def series(exprs: list[str]) -> int:
         n = 0
         for expr in exprs:
             try:
-                n += len(prom.query_range(expr, since, end, step_s=2.0))
+                n += len(prom.query_range(expr, since, time.time(), step_s=2.0))
             except (OSError, RuntimeError, ValueError):
                 pass
-        counts[title] = n
+        return n
+
+    counts = {title: series(exprs) for title, exprs in queries}
+    end = time.monotonic() + settle_s
+    while any(n == 0 for n in counts.values()) and time.monotonic() < end:
+        time.sleep(1.0)
+        counts.update({t: series(e) for t, e in queries if counts[t] == 0})
     out.write_text(json.dumps(counts, indent=1), encoding="utf-8")
     empty = [t for t, n in counts.items() if n == 0]
     print(f"== Grafana dashboard: {len(counts) - len(empty)}/{len(counts)} panels return data"
