@@ -98,12 +98,12 @@ def quick_overrides(doc: dict[str, Any]) -> dict[str, Any]:
 
 def load_quickstart(examples: Path, quick: bool) -> list[dict[str, Any]]:
     """The quickstart jobs in apply order, each validated (ValueError naming every problem)."""
-    from trex_operator.validate import check_document
+    from trex_operator.validate import check_document, load_documents
 
     docs: list[dict[str, Any]] = []
     problems: list[str] = []
     for f in sorted((examples / "quickstart").glob("*.yaml")):
-        for i, doc in enumerate(d for d in yaml.safe_load_all(f.read_text(encoding="utf-8")) if d is not None):
+        for i, doc in enumerate(load_documents(f.read_text(encoding="utf-8"))):
             doc = quick_overrides(doc) if quick else doc
             checked = check_document(str(f), i, doc)
             problems += [p.line() for p in checked.problems]
