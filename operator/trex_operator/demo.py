@@ -452,7 +452,8 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
                 check_dashboard(prom, dashboard, started, work_dir / "dashboard.json")
         print(f"\n== demo {'OK: every job Succeeded' if ok else 'FAILED: not every job Succeeded'}")
         if keep:
-            print("--keep: the emulator and Prometheus stay up; press Ctrl-C to stop")
+            print(f"--keep: the API server (export KUBECONFIG={kubeconfig}), the operator and Prometheus stay up;"
+                  " press Ctrl-C to stop")
             if kubelet is not None:
                 kubelet.stop()
                 kubelet = None
@@ -575,7 +576,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="folder for volumes, pod logs and Prometheus data (default: ./demo-out; cleared first)")
     ap.add_argument("--quick", action="store_true", help="smaller budgets (CI): fewer samples, steps, items, trials")
     ap.add_argument("--keep", action="store_true",
-                    help="after the run keep the API emulator and Prometheus up until Ctrl-C")
+                    help="after the run keep the API server, operator and Prometheus up until Ctrl-C (kubectl, helm)")
     ap.add_argument("--cluster", action="store_true",
                     help="apply to the kubeconfig's current context (must be reachable) instead of the local API server")
     ap.add_argument("-n", "--namespace", default=None, help="namespace on a real cluster (default: the context's)")
