@@ -40,8 +40,9 @@ async def test_success_with_progress_stall_results_and_events(env: OperatorEnv) 
         await k.terminate(name, 0, summary={"finalLoss": 1.25 + i, "steps": 120})
     job = await env.wait_phase("TrainJob", "tj", "Succeeded")
     assert job["status"]["results"] == {"finalLoss": 1.25, "steps": 120}
-    reasons = {e["reason"] for e in env.events()}
-    assert {"PodsCreated", "AllPodsRunning", "Completed"} <= reasons
+    # the operator writes the status, then its Events: wait for them rather than race the last one
+    await env.wait_for(lambda: {"PodsCreated", "AllPodsRunning", "Completed"} <= {e["reason"] for e in env.events()},
+                       what="PodsCreated, AllPodsRunning and Completed events")
     for kind in ("v1/pods", "v1/configmaps", "v1/services"):
         for obj in env.objects(kind):
             assert obj["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
