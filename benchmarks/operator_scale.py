@@ -1,7 +1,7 @@
 """Operator scale benchmark: N TrainJobs x P pods applied at once against kmock's Kubernetes emulator.
 
 Three processes, like a real cluster: kmock's emulator (with O(1) request bookkeeping, see
-trex_operator.local.emulator.IndexedEmulator) serves on loopback from its own process; the operator runs
+trex_operator.local.apiserver.ApiServer, indexed) serves on loopback from its own process; the operator runs
 as `trex operator run` (its real CLI, kubeconfig pointing at the emulator); this process applies the jobs
 and watches the emulator's records. All three share the machine's cores.
 

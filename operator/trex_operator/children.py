@@ -250,6 +250,28 @@ def scrape_annotations(spec: CommonSpec) -> dict[str, str]:
             "prometheus.io/path": "/metrics"}
 
 
+WORKLOAD_UID = 65532
+"""The uid and gid the trex workload images run as (images/*.Dockerfile: USER 65532:65532)."""
+
+
+def pod_security_context(image_user: bool = True) -> dict[str, Any]:
+    """The pod-level securityContext of workload pods: the Pod Security "restricted" profile's pod fields,
+    and (``image_user``, for the trex images) the image's non-root uid/gid, with fsGroup so volumes that
+    support ownership management (PVCs, emptyDir) are writable by it. hostPath volumes are not chowned."""
+    out: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if image_user:
+        out.update({"runAsNonRoot": True, "runAsUser": WORKLOAD_UID, "runAsGroup": WORKLOAD_UID,
+                    "fsGroup": WORKLOAD_UID, "fsGroupChangePolicy": "OnRootMismatch"})
+    return out
+
+
+def container_security_context() -> dict[str, Any]:
+    """The container securityContext: no privilege escalation and no capabilities. The sandbox needs
+    none: it isolates with rlimits, a pids cgroup where writable, user/network namespaces where the
+    seccomp profile allows them (RuntimeDefault usually does not) and its in-process guards otherwise."""
+    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, command: list[str],
         env: dict[str, str], devices: int, defaults: ClusterDefaults, index: int | None = None,
         hostname: str | None = None, config: str | None = None, kernels_from: str | None = None,
@@ -288,13 +310,16 @@ def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, co
         "name": "trex", "image": pod_image(spec, defaults), "imagePullPolicy": spec.image_pull_policy, argv_key: command,
         "env": env_list(env, spec), "ports": [{"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError", "terminationMessagePath": "/dev/termination-log",
-        "volumeMounts": mounts,
+        "volumeMounts": mounts, "securityContext": container_security_context(),
     }
     res = pod_resources(spec, devices, defaults)
     if res:
         container["resources"] = res
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = vols
+    # workload pods never call the API server, and eval / ORData pods run untrusted code: no token
+    pod_spec["automountServiceAccountToken"] = False
+    pod_spec["securityContext"] = pod_security_context()
     if hostname is not None:
         pod_spec["hostname"] = hostname
         pod_spec["subdomain"] = service_name(job)

@@ -1,11 +1,13 @@
 """`trex demo`: the quickstart end to end, on a local stand-in cluster or on a real one.
 
 Stage 1: validate every example manifest offline and show that every invalid one is rejected.
-Stage 2 (no cluster): start the Kubernetes API emulator (kmock) on loopback, the operator in-process
-against it, a local kubelet that runs the pods as processes and a local Prometheus; apply
-examples/quickstart/ (ORDataJob -> TrainJob -> EvalJob, and a KernelTuneJob) and watch a
-`kubectl get`-style table until every job has finished. With a reachable cluster (``--cluster``, or
-KUBECONFIG set), the quickstart is applied there instead and watched the same way.
+Stage 2: start the local API server on loopback (`trex_operator.local.apiserver`), write a kubeconfig
+for it, install the trex chart into it with helm, run the operator in-process against it, a local
+kubelet that runs the pods as processes and a local Prometheus; apply examples/quickstart/ (ORDataJob
+-> TrainJob -> EvalJob, and a KernelTuneJob), watch a `kubectl get`-style table until every job has
+finished and query every Grafana dashboard panel. Only with ``--cluster`` is the quickstart applied to
+the kubeconfig's current context instead (named, with its server, before anything is applied); a
+KUBECONFIG in the environment is otherwise never used.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import datetime as dt
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -96,12 +98,12 @@ def quick_overrides(doc: dict[str, Any]) -> dict[str, Any]:
 
 def load_quickstart(examples: Path, quick: bool) -> list[dict[str, Any]]:
     """The quickstart jobs in apply order, each validated (ValueError naming every problem)."""
-    from trex_operator.validate import check_document
+    from trex_operator.validate import check_document, load_documents
 
     docs: list[dict[str, Any]] = []
     problems: list[str] = []
     for f in sorted((examples / "quickstart").glob("*.yaml")):
-        for i, doc in enumerate(d for d in yaml.safe_load_all(f.read_text(encoding="utf-8")) if d is not None):
+        for i, doc in enumerate(load_documents(f.read_text(encoding="utf-8"))):
             doc = quick_overrides(doc) if quick else doc
             checked = check_document(str(f), i, doc)
             problems += [p.line() for p in checked.problems]
@@ -282,15 +284,77 @@ def _http_json(method: str, url: str, body: Any = None) -> dict[str, Any]:
         return out
 
 
-def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep: bool) -> int:
-    """Emulator + operator + local kubelet + Prometheus; apply ``docs``; watch; summarise."""
+def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> None:
+    """A kubeconfig with one context, ``trex-demo``, for the local API server (no credentials)."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "trex-demo", "preferences": {},
+        "clusters": [{"name": "trex-demo", "cluster": {"server": server}}],
+        "users": [{"name": "trex-demo", "user": {}}],
+        "contexts": [{"name": "trex-demo", "context": {"cluster": "trex-demo", "user": "trex-demo",
+                                                       "namespace": namespace}}]}, sort_keys=False), encoding="utf-8")
+
+
+def find_tool(name: str) -> str | None:
+    """A CLI (helm, kubectl) on PATH or next to this interpreter (the virtualenv's bin/)."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which(name)
+
+
+def install_chart(chart: Path, kubeconfig: Path, namespace: str, log: Path, values: Mapping[str, str]) -> str | None:
+    """``helm install trex <chart> --set k=v...`` into the local API server; None on success, else why not."""
+    helm = find_tool("helm")
+    if helm is None:
+        return "helm not found"
+    if not (chart / "Chart.yaml").is_file():
+        return f"no chart at {chart}"
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(log.parent / "helm" / "cache"),
+           "HELM_CONFIG_HOME": str(log.parent / "helm" / "config"), "HELM_DATA_HOME": str(log.parent / "helm" / "data")}
+    sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+    res = subprocess.run([helm, "install", "trex", str(chart), "--namespace", namespace, *sets], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    log.write_text(res.stdout + res.stderr, encoding="utf-8")
+    return None if res.returncode == 0 else f"helm install failed (exit {res.returncode}): {res.stderr.strip()[-300:]}"
+
+
+def check_dashboard(prom: Any, dashboard: Path, since: float, out: Path, settle_s: float = 15.0) -> bool:
+    """Run every Grafana panel's queries over the demo's time range (as the dashboard would); print and
+    save which return data. Panels still empty are retried for ``settle_s`` (the last job's results reach
+    Prometheus a scrape after it finished)."""
+    from trex_operator.local.prometheus import panel_queries
+
+    queries = panel_queries(json.loads(dashboard.read_text(encoding="utf-8")), time.time() - since)
+
+    def series(exprs: list[str]) -> int:
+        n = 0
+        for expr in exprs:
+            try:
+                n += len(prom.query_range(expr, since, time.time(), step_s=2.0))
+            except (OSError, RuntimeError, ValueError):
+                pass
+        return n
+
+    counts = {title: series(exprs) for title, exprs in queries}
+    end = time.monotonic() + settle_s
+    while any(n == 0 for n in counts.values()) and time.monotonic() < end:
+        time.sleep(1.0)
+        counts.update({t: series(e) for t, e in queries if counts[t] == 0})
+    out.write_text(json.dumps(counts, indent=1), encoding="utf-8")
+    empty = [t for t, n in counts.items() if n == 0]
+    print(f"== Grafana dashboard: {len(counts) - len(empty)}/{len(counts)} panels return data"
+          + (f"; no data: {', '.join(empty)}" if empty else ""))
+    return not empty
+
+
+def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep: bool, chart: Path | None = None) -> int:
+    """Local API server (+ kubeconfig, + the chart through helm) + operator + local kubelet + Prometheus;
+    apply ``docs``; watch; summarise; query the dashboard's panels."""
     try:
         from trex_operator.local.emulator import EmulatorThread, OperatorThread
     except ImportError as exc:
         print(f"trex demo: the local cluster needs kmock ({exc}); {INSTALL_HINT}", file=sys.stderr)
         return 2
     from trex_operator.kube import resource_path
-    from trex_operator.local.prometheus import LocalPrometheus, find_binary
+    from trex_operator.local.prometheus import LocalPrometheus, find_binary, free_port
 
     prepare_work_dir(work_dir)
     import logging
@@ -298,14 +362,30 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
     logging.basicConfig(level=logging.WARNING, filename=str(work_dir / "operator.log"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     namespace = "default"
-    emulator = EmulatorThread(indexed=True)
+    emulator = EmulatorThread(indexed=True, crds=False)
     operator: OperatorThread | None = None
     kubelet: KubeletThread | None = None
     prom: LocalPrometheus | None = None
+    started = time.time()
     try:
         emulator.start()
-        print(f"== Kubernetes API emulator (kmock) on {emulator.url}")
-        operator = OperatorThread(emulator.url, interval_s=1.0)
+        emulator.emulator.log_dir = work_dir / "logs"
+        kubeconfig = work_dir / "kubeconfig"
+        write_kubeconfig(kubeconfig, emulator.url, namespace)
+        print(f"== local Kubernetes API server on {emulator.url}; kubectl and helm work against it:\n"
+              f"   export KUBECONFIG={kubeconfig}")
+        webhook_port = free_port()
+        webhook = f"http://127.0.0.1:{webhook_port}"
+        why_not = install_chart(chart, kubeconfig, namespace, work_dir / "helm-install.log",
+                                {"webhook.url": webhook}) if chart else "no chart"
+        if why_not is None:
+            print(f"== helm install trex {chart}: CRDs, RBAC, operator Deployment, validating webhook, dashboard"
+                  f" ConfigMap (the operator runs in-process, its webhook on {webhook}; the local kubelet runs"
+                  " job pods only)")
+        else:
+            emulator.install_crds()
+            print(f"== {why_not}; installed the trex CRDs directly (no admission webhook)")
+        operator = OperatorThread(emulator.url, interval_s=1.0, webhook_port=webhook_port if why_not is None else -1)
         operator.start()
         print(f"== trex operator running in-process (reconcile every 1 s; metrics on 127.0.0.1:{operator.metrics_port})")
         binary = find_binary()
@@ -327,11 +407,10 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
         print(f"== local kubelet: pods run as processes on 127.x.y.z loopback IPs; logs in {work_dir / 'logs'}")
         for doc in docs:
             body = copy.deepcopy(doc)
-            meta = body.setdefault("metadata", {})
-            meta.update({"namespace": namespace, "uid": str(uuid.uuid4()), "generation": 1, "resourceVersion": "1",
-                         "creationTimestamp": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
-            _http_json("POST", emulator.url + resource_path(API_VERSION, body["kind"], namespace), body)
-            print(f"{body['kind'].lower()}.{GROUP}/{meta['name']} created")
+            body.setdefault("metadata", {})["namespace"] = namespace
+            _http_json("POST", emulator.url + resource_path(API_VERSION, body["kind"], namespace)
+                       + "?fieldValidation=Strict", body)
+            print(f"{body['kind'].lower()}.{GROUP}/{body['metadata']['name']} created")
 
         def fetch() -> list[dict[str, Any]]:
             out = []
@@ -363,14 +442,18 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
             query = "last_over_time(trex_train_mfu[1h])"
             try:
                 result = prom.query(query)
-                answer = ", ".join(f"{r['metric'].get('trex_job_name', r['metric'].get('pod', '?'))}="
+                answer = ", ".join(f"{r['metric'].get('job_name', r['metric'].get('pod', '?'))}="
                                    f"{float(r['value'][1]):.4f}" for r in result) or "no samples"
             except (OSError, RuntimeError, ValueError) as exc:
                 answer = f"query failed: {exc}"
             print(f"\n== Prometheus ({prom.url}): {query} -> {answer}")
+            dashboard = (chart or Path("charts/trex")) / "dashboards" / "trex.json"
+            if dashboard.is_file():
+                check_dashboard(prom, dashboard, started, work_dir / "dashboard.json")
         print(f"\n== demo {'OK: every job Succeeded' if ok else 'FAILED: not every job Succeeded'}")
         if keep:
-            print("--keep: the emulator and Prometheus stay up; press Ctrl-C to stop")
+            print(f"--keep: the API server (export KUBECONFIG={kubeconfig}), the operator and Prometheus stay up;"
+                  " press Ctrl-C to stop")
             if kubelet is not None:
                 kubelet.stop()
                 kubelet = None
@@ -405,26 +488,23 @@ def cluster_reachable() -> bool:
         return isinstance(getattr(exc, "status", None), int) and getattr(exc, "status", 0) > 0
 
 
+def current_context() -> tuple[str, str, str]:
+    """(context name, API server URL, namespace) of the kubeconfig's current context."""
+    k8s = _kubernetes()
+    config_file = os.environ.get("KUBECONFIG") or None
+    _contexts, active = k8s.config.list_kube_config_contexts(config_file=config_file)
+    client = k8s.client.ApiClient(configuration=k8s.client.Configuration())
+    k8s.config.load_kube_config(config_file=config_file, client_configuration=client.configuration)
+    ctx = (active or {}).get("context") or {}
+    return str((active or {}).get("name", "")), str(client.configuration.host), str(ctx.get("namespace") or "default")
+
+
 def _kubernetes() -> Any:
     """The kubernetes client package (untyped), with its config and client modules loaded."""
     import kubernetes.client
     import kubernetes.config
 
     return kubernetes
-
-
-def merge_patch(old: Any, new: Any) -> Any:
-    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: changed values, nested objects
-    diffed, removed keys set to null, lists replaced whole."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return new
-    out: dict[str, Any] = {k: None for k in old if k not in new}
-    for k, v in new.items():
-        if k not in old:
-            out[k] = v
-        elif old[k] != v:
-            out[k] = merge_patch(old[k], v)
-    return out
 
 
 def _replaceable(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -438,12 +518,14 @@ def _replaceable(obj: Mapping[str, Any]) -> dict[str, Any]:
 def run_cluster(docs: list[dict[str, Any]], namespace: str | None, timeout_s: float) -> int:
     """Create-or-replace the quickstart jobs in the current kubeconfig context and watch them (an existing
     job gets the merge patch that makes its spec, labels and annotations equal to the manifest's)."""
+    from trex_operator.local.apimachinery import merge_diff
+
     k8s = _kubernetes()
     api_exception: type[Exception] = k8s.client.exceptions.ApiException
     k8s.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
-    if namespace is None:
-        _contexts, active = k8s.config.list_kube_config_contexts(config_file=os.environ.get("KUBECONFIG") or None)
-        namespace = str(((active or {}).get("context") or {}).get("namespace") or "default")
+    context, server, default_ns = current_context()
+    namespace = namespace or default_ns
+    print(f"== --cluster: context {context!r}, server {server}, namespace {namespace}")
     api: Any = k8s.client.CustomObjectsApi()
     for doc in docs:
         kind, name = job_key(doc)
@@ -460,7 +542,7 @@ def run_cluster(docs: list[dict[str, Any]], namespace: str | None, timeout_s: fl
             if getattr(exc, "status", None) != 409:
                 raise
             current = api.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
-            patch = merge_patch(_replaceable(current), _replaceable(body))
+            patch = merge_diff(_replaceable(current), _replaceable(body))
             version = (current.get("metadata") or {}).get("resourceVersion")
             if version:  # optimistic concurrency: the patch applies to exactly what was read
                 patch.setdefault("metadata", {})["resourceVersion"] = version
@@ -494,10 +576,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="folder for volumes, pod logs and Prometheus data (default: ./demo-out; cleared first)")
     ap.add_argument("--quick", action="store_true", help="smaller budgets (CI): fewer samples, steps, items, trials")
     ap.add_argument("--keep", action="store_true",
-                    help="after the run keep the API emulator and Prometheus up until Ctrl-C")
-    where = ap.add_mutually_exclusive_group()
-    where.add_argument("--cluster", action="store_true", help="apply to the kubeconfig's cluster (must be reachable)")
-    where.add_argument("--local", action="store_true", help="use the local stand-in cluster even if KUBECONFIG is set")
+                    help="after the run keep the API server, operator and Prometheus up until Ctrl-C (kubectl, helm)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="apply to the kubeconfig's current context (must be reachable) instead of the local API server")
     ap.add_argument("-n", "--namespace", default=None, help="namespace on a real cluster (default: the context's)")
     ap.add_argument("--timeout", type=float, default=900.0, help="give up watching after this many seconds (900)")
     ap.add_argument("--validate-only", action="store_true", help="only stage 1: validate the examples offline")
@@ -526,13 +607,12 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"trex demo: {exc}", file=sys.stderr)
         return 1
-    use_cluster = args.cluster or (not args.local and bool(os.environ.get("KUBECONFIG")) and cluster_reachable())
     if args.cluster and not cluster_reachable():
         print("trex demo: --cluster: no reachable cluster in the kubeconfig", file=sys.stderr)
         return 2
     print(f"\n== applying {len(docs)} quickstart jobs ({'--quick budgets' if args.quick else 'full budgets'})"
-          f" to {'the cluster' if use_cluster else 'a local stand-in cluster'}")
-    if use_cluster:
+          f" to {'the kubeconfig current context' if args.cluster else 'the local API server'}")
+    if args.cluster:
         try:
             return run_cluster(docs, args.namespace, args.timeout)
         except ValueError as exc:
@@ -541,7 +621,8 @@ def main(argv: list[str]) -> int:
         except KeyboardInterrupt:
             return 130
     try:
-        return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep)
+        return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep,
+                         chart=examples.resolve().parent / "charts" / "trex")
     except ValueError as exc:
         print(f"trex demo: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
 - indexes of the operator's pods, batch Jobs and Deployments (the observed children, kept current by watches);
 - one timer per kind that re-derives each job's desired state (level-based; from the watched copy of the
   job when it is current, else from a GET);
-- pod phase changes (seen by the pods index) and pod deletions kick an immediate reconciliation of the owning job.
+- pod phase changes (seen by the pods index) and pod deletions kick an immediate reconciliation of the owning job;
+- with a webhook port, a validating admission handler per kind (`trex_operator.webhook`).
 
 Every per-event handler is a coroutine: kopf runs plain functions in a thread pool, a thread hop per watch
 event that costs more than the handler itself at thousands of pods.
@@ -25,6 +26,7 @@ from trex_operator.defaults import ClusterDefaults
 from trex_operator.kube import Connection, Kube
 from trex_operator.plan import Observed
 from trex_operator.reconciler import JobKey, Reconciler, Settings
+from trex_operator.webhook import denial, handler_id
 
 log = logging.getLogger("trex_operator")
 MANAGED = {LABEL_MANAGED: MANAGER}
@@ -75,6 +77,10 @@ def register(registry: kopf.OperatorRegistry, settings: Settings | None = None,
         # deleting a job stops its timer (kopf holds a finalizer until then): let that be prompt
         settings.background.instant_exit_timeout = 1.0
         settings.background.cancellation_polling = min(5.0, cfg.interval_s)
+        if cfg.webhook_port >= 0:
+            settings.admission.server = kopf.WebhookServer(
+                addr=cfg.webhook_addr, port=cfg.webhook_port or None, certfile=cfg.webhook_cert,
+                pkeyfile=cfg.webhook_key, insecure=cfg.webhook_cert is None)
         r = rec()
         if cfg.metrics_port >= 0 and r.metrics.port is None:
             port = r.metrics.serve(cfg.metrics_port)
@@ -136,7 +142,16 @@ def register(registry: kopf.OperatorRegistry, settings: Settings | None = None,
 
         kopf.timer(GROUP, VERSION, info.plural, id=f"reconcile-{info.singular}", interval=cfg.interval_s,
                    registry=registry)(make(kind))
+        if cfg.webhook_port >= 0:
+            kopf.on.validate(GROUP, VERSION, info.plural, id=handler_id(kind), registry=registry)(validate)
     return registry
+
+
+async def validate(body: Any, **_: Any) -> None:
+    """Admission: refuse an invalid job with the lines `trex validate` prints (kopf answers 422)."""
+    message = denial(dict(body))
+    if message is not None:
+        raise kopf.AdmissionError(message, code=422)
 
 
 register(kopf.get_default_registry())

@@ -17,12 +17,14 @@ from trex_operator.children import (
     child_labels,
     config_map,
     config_map_name,
+    container_security_context,
     contract_env,
     headless_service,
     kernels_config_map_name,
     metadata,
     pod,
     pod_resources,
+    pod_security_context,
     ref_volume_source,
     render_yaml,
     selector_labels,
@@ -467,12 +469,15 @@ class EvalImpl(_PodKind):
             "name": "server", "image": srv.image, "imagePullPolicy": spec.image_pull_policy, "args": args,
             "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],
             "readinessProbe": {"tcpSocket": {"port": srv.port}, "periodSeconds": 10},
+            "securityContext": container_security_context(),
         }
         res = pod_resources(spec, srv.devices if spec.device_type != "cpu" else 0, ctx.observed.defaults,
                             srv.resources.requests, srv.resources.limits)
         if res:
             container["resources"] = res
-        pod_spec: dict[str, Any] = {"containers": [container]}
+        # a third-party server image: its own user (not forced non-root), but no token or privileges
+        pod_spec: dict[str, Any] = {"containers": [container], "automountServiceAccountToken": False,
+                                    "securityContext": pod_security_context(image_user=False)}
         refs = self.refs_mounts(ctx)
         checkpoints = spec.volumes.checkpoints
         if path is not None and refs:

@@ -45,8 +45,9 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
 
 @dataclass
 class Settings:
-    """Operator tunables (env: TREX_OPERATOR_INTERVAL, TREX_OPERATOR_METRICS_PORT, TREX_OPERATOR_SCRAPE_TIMEOUT)
-    and the cluster defaults for jobs (the chart's TREX_DEFAULT_*, TREX_*_RESOURCE, ... variables)."""
+    """Operator tunables (env: TREX_OPERATOR_INTERVAL, TREX_OPERATOR_METRICS_PORT, TREX_OPERATOR_SCRAPE_TIMEOUT,
+    TREX_OPERATOR_WEBHOOK_PORT / _CERT / _KEY) and the cluster defaults for jobs (the chart's
+    TREX_DEFAULT_*, TREX_*_RESOURCE, ... variables)."""
 
     interval_s: float = 10.0
     """Timer period: every job is re-derived at least this often (s)."""
@@ -62,6 +63,14 @@ class Settings:
     """Current time (injectable for tests)."""
     defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
     """Cluster defaults the planners apply (read once at start-up; put into every Observed)."""
+    webhook_port: int = -1
+    """Port of the validating admission webhook (-1 = off; 0 = a free port)."""
+    webhook_addr: str = "0.0.0.0"
+    """Address the webhook listens on."""
+    webhook_cert: str | None = None
+    """TLS certificate (PEM) of the webhook; None serves plain HTTP (a local API server only)."""
+    webhook_key: str | None = None
+    """TLS private key (PEM) of the webhook."""
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None) -> Settings:
@@ -70,7 +79,10 @@ class Settings:
         return Settings(interval_s=_env_float(env, "TREX_OPERATOR_INTERVAL", 10.0),
                         metrics_port=int(_env_float(env, "TREX_OPERATOR_METRICS_PORT", 8080)),
                         scrape_timeout_s=_env_float(env, "TREX_OPERATOR_SCRAPE_TIMEOUT", 3.0),
-                        defaults=ClusterDefaults.from_env(env))
+                        defaults=ClusterDefaults.from_env(env),
+                        webhook_port=int(_env_float(env, "TREX_OPERATOR_WEBHOOK_PORT", -1)),
+                        webhook_cert=env.get("TREX_OPERATOR_WEBHOOK_CERT") or None,
+                        webhook_key=env.get("TREX_OPERATOR_WEBHOOK_KEY") or None)
 
 
 def referenced(body: dict[str, Any]) -> list[tuple[str, str]]:
@@ -192,6 +204,7 @@ class Reconciler:
                 body = await self.kube.get(API_VERSION, kind, namespace, name)
             if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
                 self.metrics.job_phase(key, None)
+                self.metrics.job_results(key, None)
                 self._locks.pop(key, None)
                 return None
             observed = observe(key)
@@ -201,6 +214,7 @@ class Reconciler:
             await self.apply(body, plan)
             phase = (plan.status or {}).get("phase")
             self.metrics.job_phase(key, phase if isinstance(phase, str) else None)
+            self.metrics.job_results(key, plan.status or body.get("status") or {})
             for cause in plan.restart_causes:
                 self.metrics.restarted(kind, cause)
             return plan

@@ -8,6 +8,7 @@ from the same TREX_* variables the operator reads (unset: its built-in defaults,
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -104,11 +105,46 @@ def cluster_problem(doc: dict[str, Any], model: JobModel, defaults: ClusterDefau
     return None
 
 
+MAX_OBJECT_BYTES = 1572864
+"""The largest object the API server stores (etcd's default request limit, 1.5 MiB), as JSON."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate mapping keys (plain YAML keeps the last one silently)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _value in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_documents(text: str) -> list[Any]:
+    """The non-empty YAML documents of ``text``; yaml.YAMLError also on a duplicate key."""
+    return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
+
+
+def manifest_files(p: Path) -> list[Path]:
+    """The manifests a path names: the file itself, or a directory's *.yaml / *.yml (recursively, except
+    in folders named ``invalid``, the examples that must be rejected: name those explicitly)."""
+    if not p.is_dir():
+        return [p]
+    found = [*p.rglob("*.yaml"), *p.rglob("*.yml")]
+    return sorted(f for f in found if "invalid" not in f.relative_to(p).parts[:-1])
+
+
 def iter_documents(paths: list[str], defaults: ClusterDefaults | None = None) -> Iterator[Checked]:
-    """Every document of every file (directories are searched for *.yaml / *.yml)."""
+    """Every document of every file (directories: `manifest_files`)."""
     for raw_path in paths:
-        p = Path(raw_path)
-        files = sorted([*p.rglob("*.yaml"), *p.rglob("*.yml")]) if p.is_dir() else [p]
+        files = manifest_files(Path(raw_path))
         for f in files:
             name = str(f)
             try:
@@ -117,7 +153,7 @@ def iter_documents(paths: list[str], defaults: ClusterDefaults | None = None) ->
                 yield Checked(name, 0, None, None, [Problem(name, "<file>", "<file>", f"cannot read: {e.strerror}")])
                 continue
             try:
-                docs = [d for d in yaml.safe_load_all(text) if d is not None]
+                docs = load_documents(text)
             except yaml.YAMLError as e:
                 where = getattr(e, "problem_mark", None)
                 at = f"line {where.line + 1}, column {where.column + 1}" if where else "?"
@@ -126,6 +162,12 @@ def iter_documents(paths: list[str], defaults: ClusterDefaults | None = None) ->
             if not docs:
                 yield Checked(name, 0, None, None, [Problem(name, "<file>", "<root>", "no YAML documents")])
             for i, doc in enumerate(docs):
+                size = len(json.dumps(doc, default=str))
+                if size > MAX_OBJECT_BYTES:
+                    yield Checked(name, i, doc, None, [Problem(name, _obj_name(doc, i), "<root>",
+                                  f"the object is {size} bytes as JSON; the API server stores at most "
+                                  f"{MAX_OBJECT_BYTES} (1.5 MiB): move large data to a ConfigMap or a volume")])
+                    continue
                 yield check_document(name, i, doc, defaults)
 
 

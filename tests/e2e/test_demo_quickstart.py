@@ -1,6 +1,7 @@
-"""`trex demo --quick` end to end: the quickstart's four jobs on the local stand-in cluster (API emulator,
-operator, local kubelet running real workload processes, Prometheus when installed) must all succeed
-with the results each kind promises in its status."""
+"""`trex demo --quick` end to end: the quickstart's four jobs on the local stand-in cluster (API server
+with the chart installed by helm, operator, local kubelet running real workload processes, Prometheus
+when installed) must all succeed with the results each kind promises in its status, and every Grafana
+panel must return data."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_demo_quickstart_quick(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     env["OMP_NUM_THREADS"] = "1"
-    res = subprocess.run([sys.executable, "-m", "trex", "demo", "--quick", "--local", "--work-dir", str(work),
+    res = subprocess.run([sys.executable, "-m", "trex", "demo", "--quick", "--work-dir", str(work),
                           "--timeout", "600"], cwd=REPO, env=env, capture_output=True, text=True, timeout=840)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-6000:]
@@ -51,6 +52,12 @@ def test_demo_quickstart_quick(tmp_path: Path) -> None:
     kernels = jobs["KernelTuneJob"]["status"]["results"]
     assert isinstance(kernels.get("geomeanSpeedup"), int | float) and kernels["geomeanSpeedup"] > 0, kernels
 
-    if "Prometheus on" in out:  # the Prometheus binary is optional; when it ran, it saw the trainer's MFU
+    # the demo installed the chart with helm and wrote a kubeconfig for its API server
+    assert "helm install trex" in out and f"export KUBECONFIG={work / 'kubeconfig'}" in out, out[-3000:]
+
+    if "Prometheus on" in out:  # the Prometheus binary is optional; when it ran, it saw the trainer's MFU ...
         line = next(x for x in out.splitlines() if "last_over_time(trex_train_mfu" in x)
         assert "quickstart-train=" in line, line
+        # ... and every Grafana dashboard panel returned data over the demo's run
+        panels = json.loads((work / "dashboard.json").read_text())
+        assert panels and [t for t, n in panels.items() if n == 0] == [], panels

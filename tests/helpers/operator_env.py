@@ -1,7 +1,7 @@
-"""Run the trex operator in-process against kmock's KubernetesEmulator on loopback.
+"""Run the trex operator in-process against the local API server (kmock-based) on loopback.
 
-``async with OperatorEnv() as env:`` starts the emulator (with the trex CRDs and the core resources the
-operator uses declared for discovery), then kopf with the trex handlers; ``env.restart_operator()``
+``async with OperatorEnv() as env:`` starts the API server (with the trex CRDs installed),
+then kopf with the trex handlers; ``env.restart_operator()``
 stops and starts kopf (a fresh Reconciler with empty caches) against the same emulator state.
 """
 
@@ -18,11 +18,11 @@ import kopf
 from trex_operator.api import API_VERSION
 from trex_operator.handlers import register
 from trex_operator.kube import Connection, Kube
-from trex_operator.local.emulator import CORE, VERBS, EmulatorThread, IndexedEmulator
+from trex_operator.local.emulator import EmulatorThread
 from trex_operator.progress import UrlBuilder, default_url
 from trex_operator.reconciler import Reconciler, Settings
 
-__all__ = ["CORE", "VERBS", "EmulatorThread", "IndexedEmulator", "OperatorEnv"]
+__all__ = ["EmulatorThread", "OperatorEnv"]
 
 
 class OperatorEnv:

@@ -1,9 +1,13 @@
-"""Crash-safe file writes shared by every workload: a reader sees the old file or the new one, never a part."""
+"""Crash-safe file writes shared by every workload: a reader sees the old file or the new one, never a part.
+
+Files get the mode a plain ``open(path, "w")`` would give them (0666 less the process umask, so 0644
+by default): a model server or a pod running under another uid can read what a job wrote.
+"""
 
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 
@@ -19,7 +23,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file in the same folder: fsync, rename, fsync the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -30,3 +34,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new, exclusively created temp file beside ``path`` with mode 0666 (the kernel applies the umask,
+    unlike tempfile.mkstemp's fixed 0600)."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue

@@ -1,4 +1,5 @@
-"""kmock's KubernetesEmulator on loopback in its own thread, and the operator (kopf) in another.
+"""The local API server (`trex_operator.local.apiserver`) on loopback in its own thread, and the
+operator (kopf) in another.
 
 Both run on their own event loops, like separate processes would: kopf cancels every task in its loop
 when it stops, so keeping the emulator's watch streams elsewhere makes stopping the operator immediate.
@@ -8,98 +9,81 @@ Used by `trex demo` and by the operator's integration tests.
 from __future__ import annotations
 
 import asyncio
-import collections
 import threading
-import time
 from typing import Any
 
 import kmock
 
-from trex_operator.api import GROUP, KIND_INFO, VERSION
-
-CORE: dict[str, tuple[str, bool, set[str]]] = {
-    "v1/pods": ("Pod", True, {"status"}), "v1/configmaps": ("ConfigMap", True, set()),
-    "v1/services": ("Service", True, set()), "v1/events": ("Event", True, set()),
-    "v1/nodes": ("Node", False, set()), "batch/v1/jobs": ("Job", True, {"status"}),
-    "apps/v1/deployments": ("Deployment", True, {"status"}),
-    "scheduling.volcano.sh/v1beta1/podgroups": ("PodGroup", True, {"status"}),
-    "v1/namespaces": ("Namespace", False, set()),
-    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, set()),
-}
-"""Core resources declared for discovery: path -> (kind, namespaced, subresources)."""
-VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
-
-
-class IndexedEmulator(kmock.KubernetesEmulator):
-    """The emulator for scale runs: O(1) work per request instead of O(requests so far) and O(objects).
-
-    kmock keeps every request and matches each new one against that history, and looks objects up by
-    scanning them all; at thousands of objects that measures kmock, not the operator. This subclass
-    keeps only the request being served (counting all of them in ``stats``) and looks named objects up
-    by key. Also used by the demo, which runs long enough for the request history to matter.
-    """
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        self.stats: collections.Counter[tuple[str, str, str]] = collections.Counter()
-        self.created: dict[str, list[float]] = collections.defaultdict(list)
-
-    async def _handle(self, request: Any) -> Any:
-        agent = str(request.headers.get("User-Agent", "")).split("/")[0]
-        plural = request.resource.plural if request.resource is not None else ""
-        method = str(getattr(request.method, "value", request.method)).upper()
-        self.stats[(agent, method, str(plural))] += 1
-        self._requests[:] = [request]
-        response = await super()._handle(request)
-        if method == "POST" and response.status < 300 and plural in ("pods", "configmaps", "services"):
-            labels = ((request.data or {}).get("metadata") or {}).get("labels") or {}
-            if labels.get("trex.dev/job-name"):
-                self.created[labels["trex.dev/job-name"]].append(time.perf_counter())
-        return response
-
-    def _KubernetesEmulator__get_obj(self, request: Any, strict: bool) -> Any:
-        if not strict or request.name is None:
-            return super()._KubernetesEmulator__get_obj(request, strict)  # type: ignore[misc]
-        return self._objects._objects.get((request.resource, request.namespace, request.name))
+from trex_operator.api import GROUP, KIND_INFO
 
 
 class EmulatorThread:
-    """kmock's emulator serving on loopback from its own thread and event loop (the trex CRDs and the
-    core resources the operator uses are declared for discovery)."""
+    """The local API server on loopback from its own thread and event loop, with the trex CRDs installed.
 
-    def __init__(self, indexed: bool = False) -> None:
+    ``indexed``: keep only the latest object versions and request (long runs: the demo, scale
+    benchmarks); otherwise every version and request stays for the tests to assert on. ``crds``: install
+    the trex CRDs at start (the demo installs them with the chart instead).
+    """
+
+    def __init__(self, indexed: bool = False, crds: bool = True) -> None:
         self.indexed = indexed
+        self.crds = crds
         self.emulator: Any = None
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="kmock", daemon=True)
+        self._thread = threading.Thread(target=self._main, name="trex-apiserver", daemon=True)
 
     def _main(self) -> None:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
+        from trex_operator.local.apiserver import ApiServer
+
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        cls = IndexedEmulator if self.indexed else kmock.KubernetesEmulator
-        async with cls() as emulator, kmock.Server(emulator) as server:
-            for path, (kind, namespaced, subs) in CORE.items():
-                emulator.resources[path] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS,
-                                                              subresources=subs)
-            for kind, info in KIND_INFO.items():
-                emulator.resources[f"{GROUP}/{VERSION}/{info.plural}"] = kmock.ResourceInfo(
-                    kind=kind, singular=info.singular, namespaced=True, verbs=VERBS, subresources={"status"})
+        async with ApiServer() as emulator, kmock.Server(emulator) as server:
+            emulator.keep_history = not self.indexed
+            self.emulator = emulator
+            if self.crds:
+                self._install_crds()
             self.emulator = emulator
             self.url = str(server.url).rstrip("/")
             self._ready.set()
             await self._stop.wait()
+            for w in list(emulator.watchers):
+                w.queue.put_nowait(None)
 
     def start(self) -> None:
         """Start serving; returns once the URL is known."""
         self._thread.start()
         if not self._ready.wait(20):
-            raise RuntimeError("the Kubernetes emulator did not start")
+            raise RuntimeError("the Kubernetes API server did not start")
+
+    def _install_crds(self) -> None:
+        from trex_operator.crdgen import build_crd
+        from trex_operator.local.apiserver import Target
+
+        crds = self.emulator.types["apiextensions.k8s.io/v1/customresourcedefinitions"]
+        for kind in KIND_INFO:
+            if self.emulator.fetch(crds, None, f"{KIND_INFO[kind].plural}.{GROUP}") is None:
+                self.emulator.create_obj(Target(crds, None, None, None), build_crd(kind), {})
+
+    def install_crds(self) -> None:
+        """Create the trex CRDs (those not there yet) from the server's own thread."""
+        if self._loop is None:
+            raise RuntimeError("the API server is not running")
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                self._install_crds()
+            finally:
+                done.set()
+
+        self._loop.call_soon_threadsafe(run)
+        done.wait(20)
 
     def stop(self) -> None:
         """Stop serving and join the thread."""
@@ -111,8 +95,11 @@ class EmulatorThread:
 class OperatorThread:
     """The trex operator (kopf + Reconciler) in its own thread and event loop against ``url``."""
 
-    def __init__(self, url: str, interval_s: float = 1.0, metrics_addr: str | None = "127.0.0.1") -> None:
+    def __init__(self, url: str, interval_s: float = 1.0, metrics_addr: str | None = "127.0.0.1",
+                 webhook_port: int = -1) -> None:
         self.url = url
+        self.webhook_port = webhook_port
+        """Serve the validating webhook on 127.0.0.1 (plain HTTP) at this port (-1 = off)."""
         self.interval_s = interval_s
         self.metrics_addr = metrics_addr
         self.metrics_port: int | None = None
@@ -128,7 +115,8 @@ class OperatorThread:
         from trex_operator.kube import Connection, Kube
         from trex_operator.reconciler import Reconciler, Settings
 
-        settings = Settings(interval_s=self.interval_s, metrics_port=-1, scrape_timeout_s=1.0)
+        settings = Settings(interval_s=self.interval_s, metrics_port=-1, scrape_timeout_s=1.0,
+                            webhook_port=self.webhook_port, webhook_addr="127.0.0.1")
         reconciler = Reconciler(Kube(Connection(server=self.url), retries=2, backoff_s=0.05), settings)
         if self.metrics_addr is not None:
             self.metrics_port = reconciler.metrics.serve(0, addr=self.metrics_addr)
@@ -144,6 +132,8 @@ class OperatorThread:
         self._thread.start()
         if not ready.wait(timeout_s):
             raise RuntimeError("the operator did not start")
+        if self.webhook_port > 0:
+            _wait_listening("127.0.0.1", self.webhook_port, timeout_s)
 
     def stop(self) -> None:
         """Stop kopf and wait for its thread."""
@@ -151,3 +141,18 @@ class OperatorThread:
         if self._thread is not None:
             self._thread.join(30)
             self._thread = None
+
+
+def _wait_listening(host: str, port: int, timeout_s: float) -> None:
+    """Block until something accepts connections on host:port (RuntimeError after ``timeout_s``)."""
+    import socket
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout_s:.0f}s")

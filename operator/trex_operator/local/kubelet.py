@@ -67,6 +67,21 @@ def now_iso() -> str:
 # ---- pure parts --------------------------------------------------------------------------------
 
 
+TARGET_LABELS = {"job_name": "trex.dev/job-name", "job_kind": "trex.dev/job-kind", "rank": "trex.dev/replica-index",
+                 "attempt": "trex.dev/attempt"}
+"""Series label -> pod label, as the chart's PodMonitor relabels them (a test keeps the two equal)."""
+
+
+def target_labels(pod: Mapping[str, Any]) -> dict[str, str]:
+    """The labels a pod's metrics carry in Prometheus: namespace and pod (as Kubernetes service
+    discovery sets them) and the job labels the chart's PodMonitor copies from the pod's labels."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    out = {"namespace": str(meta.get("namespace") or "default"), "pod": str(meta.get("name") or "")}
+    out.update({k: str(labels[v]) for k, v in TARGET_LABELS.items() if labels.get(v) is not None})
+    return out
+
+
 def host_path_dir(root: Path, host_path: str) -> Path:
     """The local folder standing in for ``host_path`` (same host path -> same folder for every pod)."""
     parts = [p for p in Path(host_path).parts if p not in ("/", "", ".", "..")]
@@ -371,6 +386,8 @@ class RunningPod:
     metrics_port: int | None
     job_kind: str = ""
     job_name: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    """The scrape target's labels (`target_labels`)."""
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     termination_path: Path | None = None
@@ -510,7 +527,7 @@ class LocalKubelet:
         rp = RunningPod(name=str(meta["name"]), uid=str(meta.get("uid") or ""), ip=self._allocate_ip(),
                         hostname=spec.get("hostname"), subdomain=spec.get("subdomain"), metrics_port=port,
                         job_kind=str(labels.get("trex.dev/job-kind", "")),
-                        job_name=str(labels.get("trex.dev/job-name", "")),
+                        job_name=str(labels.get("trex.dev/job-name", "")), labels=target_labels(pod),
                         policy=str(container.get("terminationMessagePolicy") or "File"))
         self.pods[rp.name] = rp
         await self.kube.patch("v1", "Pod", self.namespace, rp.name, {"spec": {"nodeName": "localhost"}})
@@ -690,8 +707,7 @@ class LocalKubelet:
                                    "started": False, "state": {"terminated": term}}]})
 
     def _publish_targets(self) -> None:
-        targets = [(f"{rp.ip}:{rp.metrics_port}", {"pod": rp.name, "trex_job_kind": rp.job_kind,
-                                                    "trex_job_name": rp.job_name})
+        targets = [(f"{rp.ip}:{rp.metrics_port}", rp.labels)
                    for rp in self.pods.values() if rp.proc is not None and not rp.done and rp.metrics_port]
         targets.sort()
         if targets != self._targets:

@@ -15,7 +15,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,25 @@ def write_targets(path: Path, targets: Sequence[tuple[str, dict[str, str]]]) -> 
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(targets_document(targets), indent=1), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def panel_queries(dashboard: Mapping[str, Any], range_s: float, rate_interval: str = "10s") -> list[tuple[str, list[str]]]:
+    """(panel title, PromQL expressions) of every panel, with the dashboard's variables set as Grafana
+    sets them for "All" (``$namespace``, ``$job`` -> ``.*``), ``$__rate_interval`` and ``$__range``."""
+    subs = {"$namespace": ".*", "$job": ".*", "$__rate_interval": rate_interval,
+            "$__range": f"{max(1, int(range_s))}s", "$__interval": "2s"}
+    out = []
+    for panel in dashboard.get("panels") or []:
+        exprs = []
+        for target in panel.get("targets") or []:
+            expr = str(target.get("expr") or "")
+            for k, v in subs.items():
+                expr = expr.replace(k, v)
+            if expr:
+                exprs.append(expr)
+        if exprs:
+            out.append((str(panel.get("title")), exprs))
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -108,6 +127,17 @@ class LocalPrometheus:
         """Instant query; the result vector (RuntimeError on an API error)."""
         url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            body = json.loads(resp.read().decode())
+        if body.get("status") != "success":
+            raise RuntimeError(f"query {promql!r} failed: {body.get('error')}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def query_range(self, promql: str, start: float, end: float, step_s: float = 2.0,
+                    timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """Range query (as a Grafana time-series panel runs it); the result matrix."""
+        params = urllib.parse.urlencode({"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step_s})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{params}", timeout=timeout_s) as resp:
             body = json.loads(resp.read().decode())
         if body.get("status") != "success":
             raise RuntimeError(f"query {promql!r} failed: {body.get('error')}")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kubelet import Kubelet
 from operator_env import OperatorEnv, names
 from trex.telemetry.exporter import Exporter
+from trex_operator.kube import ApiError
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, str]:
@@ -38,8 +40,9 @@ async def test_success_with_progress_stall_results_and_events(env: OperatorEnv) 
         await k.terminate(name, 0, summary={"finalLoss": 1.25 + i, "steps": 120})
     job = await env.wait_phase("TrainJob", "tj", "Succeeded")
     assert job["status"]["results"] == {"finalLoss": 1.25, "steps": 120}
-    reasons = {e["reason"] for e in env.events()}
-    assert {"PodsCreated", "AllPodsRunning", "Completed"} <= reasons
+    # the operator writes the status, then its Events: wait for them rather than race the last one
+    await env.wait_for(lambda: {"PodsCreated", "AllPodsRunning", "Completed"} <= {e["reason"] for e in env.events()},
+                       what="PodsCreated, AllPodsRunning and Completed events")
     for kind in ("v1/pods", "v1/configmaps", "v1/services"):
         for obj in env.objects(kind):
             assert obj["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
@@ -128,10 +131,17 @@ async def _gone(env: OperatorEnv, name: str) -> bool:
 
 
 async def test_invalid_spec_fails_with_event_and_no_children(env: OperatorEnv) -> None:
-    await env.apply("TrainJob", "bad", {"replicas": 2, "trainer": {"maxSteps": "lots"}, "devicesPerReplica": 0})
+    # the API server's schema rejects what a schema can express, naming each field ...
+    with pytest.raises(ApiError) as rejected:
+        await env.apply("TrainJob", "bad", {"replicas": 2, "trainer": {"maxSteps": "lots"}, "devicesPerReplica": 0})
+    assert rejected.value.status == 422
+    assert "spec.trainer.maxSteps" in rejected.value.message and "spec.devicesPerReplica" in rejected.value.message
+    # ... and the operator fails what only the models can tell (ep must divide the 8 routed experts)
+    await env.apply("TrainJob", "bad", {"replicas": 3, "devicesPerReplica": 2, "deviceType": "gpu",
+                                        "trainer": {"model": {"preset": "tiny"}, "parallelism": {"ep": 6}}})
     job = await env.wait_phase("TrainJob", "bad", "Failed")
     assert job["status"]["reason"] == "InvalidSpec"
-    assert "spec.trainer.maxSteps" in job["status"]["message"] and "spec.devicesPerReplica" in job["status"]["message"]
+    assert "spec.trainer.parallelism" in job["status"]["message"]
     await env.wait_for(lambda: env.events("InvalidSpec"), what="InvalidSpec event")
     assert env.events("InvalidSpec")[0]["type"] == "Warning"
     assert env.pods("bad") == [] and env.objects("v1/configmaps") == []

@@ -115,7 +115,7 @@ def test_monitor_objects_follow_the_values(rendered: dict[str, list[dict[str, An
     (pm,) = by_kind(rendered["monitors-on"], "PodMonitor")
     targets = {r["targetLabel"] for r in pm["spec"]["podMetricsEndpoints"][0]["relabelings"]}
     assert {"job_name", "rank"} <= targets  # the dashboard's template variable and legend labels
-    (svc,) = by_kind(rendered["default"], "Service")
+    (svc,) = [s for s in by_kind(rendered["default"], "Service") if s["metadata"]["name"].endswith("-metrics")]
     assert svc["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     (pm_ns,) = by_kind(rendered["namespaced-ha"], "PodMonitor")
     assert pm_ns["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
@@ -171,7 +171,7 @@ def test_single_replica_is_standalone_and_never_overlaps(rendered: dict[str, lis
     assert args.liveness == "http://0.0.0.0:8080/healthz"
     assert not [o for o in rendered["default"] if o["kind"] in KOPF_KINDS]
     assert _env(c)["TREX_OPERATOR_METRICS_PORT"] == "9090"
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9090, "health": 8080}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9090, "health": 8080, "webhook": 9443}
 
 
 @pytest.mark.parametrize("name", ["namespaced-ha", "cluster-ha"])
@@ -288,3 +288,35 @@ def test_helm_binary_is_v4() -> None:
     helm_available()
     out = subprocess.run([str(HELM), "version", "--short"], capture_output=True, text=True, check=True).stdout
     assert out.startswith("v4."), out
+
+
+def test_validating_webhook_serves_every_kind(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    import base64
+
+    from trex_operator.api import KIND_INFO
+    from trex_operator.webhook import handler_id
+
+    objs = rendered["default"]
+    (cfg,) = by_kind(objs, "ValidatingWebhookConfiguration")
+    paths = {h["rules"][0]["resources"][0]: h["clientConfig"]["service"]["path"] for h in cfg["webhooks"]}
+    assert paths == {info.plural: "/" + handler_id(kind) for kind, info in KIND_INFO.items()}
+    for h in cfg["webhooks"]:
+        assert h["rules"][0]["operations"] == ["CREATE", "UPDATE"] and h["failurePolicy"] == "Fail"
+        assert base64.b64decode(h["clientConfig"]["caBundle"]).startswith(b"-----BEGIN CERTIFICATE-----")
+    (secret,) = [o for o in by_kind(objs, "Secret") if o["metadata"]["name"].endswith("-webhook-tls")]
+    assert secret["data"]["ca.crt"] == cfg["webhooks"][0]["clientConfig"]["caBundle"]
+    pod, c = _container(objs)
+    env = _env(c)
+    assert env["TREX_OPERATOR_WEBHOOK_PORT"] == "9443" and env["TREX_OPERATOR_WEBHOOK_CERT"].endswith("tls.crt")
+    assert {"name": "webhook-tls", "secret": {"secretName": secret["metadata"]["name"]}} in pod["volumes"]
+    (hook_svc,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"].endswith("-webhook")]
+    assert hook_svc["spec"]["ports"][0]["targetPort"] == "webhook"
+    (ns_cfg,) = by_kind(rendered["namespaced-ha"], "ValidatingWebhookConfiguration")
+    assert ns_cfg["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    managed = render({"webhook": {"certManager": {"enabled": True}, "url": "https://op.example:9443/"}}, tmp_path)
+    (mcfg,) = by_kind(managed, "ValidatingWebhookConfiguration")
+    assert mcfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].endswith("/trex-webhook")
+    assert mcfg["webhooks"][0]["clientConfig"] == {"url": "https://op.example:9443/validate-trainjobs"}
+    assert {o["kind"] for o in managed} >= {"Issuer", "Certificate"}
+    assert not [o for o in by_kind(managed, "Secret") if o["metadata"]["name"].endswith("-webhook-tls")]
+    assert not by_kind(render({"webhook": {"enabled": False}}, tmp_path), "ValidatingWebhookConfiguration")

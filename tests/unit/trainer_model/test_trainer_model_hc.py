@@ -8,7 +8,7 @@ from trex.trainer.model import ModelArgs
 from trex.trainer.model.attention import AttnContext
 from trex.trainer.model.hc import HyperConnection, sinkhorn
 from trex.trainer.model.layers import rope_cos_sin
-from trex.trainer.model.model import Block, _Acc
+from trex.trainer.model.model import Block
 
 
 def test_sinkhorn_is_doubly_stochastic() -> None:

@@ -26,7 +26,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 JOB_LABEL = "job_name"
 RANK_LABEL = "rank"
 SEL = f'namespace=~"$namespace", {JOB_LABEL}=~"$job"'
-WORKLOAD_METRICS_RE = "trex_(train|kernel|ordata|eval)_.+"
+WORKLOAD_METRICS_RE = "trex_(train|kernel|ordata|eval|job)_.+"
 RUNBOOK_DOC = "docs/runbooks.md"
 
 
@@ -109,6 +109,21 @@ def panels() -> list[Panel]:
         Panel("Pass@1 per benchmark", "Unbiased pass@1 per benchmark and protocol.",
               (Target(f"max by (benchmark, protocol) ({m('trex_eval_pass_at_k')}{{{SEL}, k=\"1\"}})",
                       "{{benchmark}} ({{protocol}})"),), unit="percentunit"),
+        Panel("Pass@1 per EvalJob", "Each EvalJob's Pass@1 per benchmark from its status (the operator exports "
+              "it while the job exists, long after the eval pod is gone).",
+              (Target(f"max by ({JOB_LABEL}, benchmark) ({m('trex_job_pass_at_1')}{{{SEL}}})",
+                      "{{job_name}} {{benchmark}}", instant=True),), unit="percentunit", kind="bargauge"),
+        Panel("Speedups per KernelTuneJob", "Each KernelTuneJob's verified speedup per kernel/dtype and their "
+              "geomean, from its status.",
+              (Target(f"max by ({JOB_LABEL}, kernel) ({m('trex_job_kernel_speedup')}{{{SEL}}})",
+                      "{{job_name}} {{kernel}}", instant=True),), unit="x", kind="bargauge"),
+        Panel("Accepted samples per ORDataJob", "Each ORDataJob's accepted samples after the merge, from its status.",
+              (Target(f"max {by_job} ({m('trex_job_accepted_samples')}{{{SEL}}})", "{{job_name}}", instant=True),),
+              kind="bargauge"),
+        Panel("Final MFU and loss per TrainJob", "Each TrainJob's final MFU and loss (right axis), from its status.",
+              (Target(f"max {by_job} ({m('trex_job_mfu')}{{{SEL}}})", "MFU {{job_name}}"),
+               Target(f"max {by_job} ({m('trex_job_loss')}{{{SEL}}})", "loss {{job_name}}")),
+              unit="percentunit", right_axis={"B": "none"}),
         Panel("Jobs by phase", "trex jobs by kind and phase (operator).",
               (Target(f"sum by (kind, phase) ({m('trex_operator_jobs')})", "{{kind}} {{phase}}"),), stacked=True),
         Panel("Reconcile latency p95", "95th percentile of the operator's reconciliation time.",

@@ -5,28 +5,31 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trex.telemetry.metrics import METRICS, spec
+from trex.telemetry.metrics import spec
 
 
 class Exporter:
-    """Holds one registry with every defined metric; ``serve`` starts the HTTP endpoint."""
+    """One private registry; a metric is created (and exported) on first use, so each workload exports
+    only the metrics it sets (no idle zeros of other workloads' gauges). ``serve`` starts the endpoint."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry
 
         self.registry = CollectorRegistry()
         self._m: dict[str, Any] = {}
-        for m in METRICS:
-            # prometheus_client appends _total to counters itself.
-            name = m.name[: -len("_total")] if m.kind == "counter" and m.name.endswith("_total") else m.name
-            cls = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}[m.kind]
-            self._m[m.name] = cls(name, m.help, list(m.labels), registry=self.registry)
         self.port: int | None = None
 
     def metric(self, name: str, **labels: str) -> Any:
-        """The metric (or its labelled child) for ``name``."""
-        spec(name)
-        metric = self._m[name]
+        """The metric (or its labelled child) for ``name``, created on first use."""
+        m = spec(name)
+        metric = self._m.get(name)
+        if metric is None:
+            from prometheus_client import Counter, Gauge, Histogram
+
+            # prometheus_client appends _total to counters itself.
+            base = m.name[: -len("_total")] if m.kind == "counter" and m.name.endswith("_total") else m.name
+            cls = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}[m.kind]
+            metric = self._m[name] = cls(base, m.help, list(m.labels), registry=self.registry)
         return metric.labels(**labels) if labels else metric
 
     def serve(self, port: int | None = None, addr: str | None = None) -> int:

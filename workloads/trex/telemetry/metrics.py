@@ -24,6 +24,7 @@ class MetricSpec:
 
 
 _JOB = ("job_name",)
+_RESULT = ("job_kind", "job_name", "namespace")
 
 METRICS: tuple[MetricSpec, ...] = (
     # --- trainer -------------------------------------------------------------------------
@@ -83,6 +84,14 @@ METRICS: tuple[MetricSpec, ...] = (
                "Model requests that failed after retries (those samples stay missing until a rerun).", ("benchmark",)),
     MetricSpec("trex_eval_sandbox_isolation", "gauge",
                "1 for the sandbox isolation the model's programs run under (kernel-fs, namespaces or audit).", ("mode",)),
+    # --- job results (the operator, from each job's status.results, while the job exists) ----------
+    MetricSpec("trex_job_pass_at_1", "gauge", "Pass@1 per benchmark of an EvalJob's results.", (*_RESULT, "benchmark")),
+    MetricSpec("trex_job_accepted_samples", "gauge", "Accepted samples of an ORDataJob's merged corpus.", _RESULT),
+    MetricSpec("trex_job_kernel_speedup", "gauge",
+               "Verified speedup per kernel/dtype of a KernelTuneJob (kernel=\"geomean\": their geometric mean).",
+               (*_RESULT, "kernel")),
+    MetricSpec("trex_job_mfu", "gauge", "Final model FLOPs utilisation of a TrainJob.", _RESULT),
+    MetricSpec("trex_job_loss", "gauge", "Final training loss of a TrainJob.", _RESULT),
     # --- operator ------------------------------------------------------------------------
     MetricSpec("trex_operator_reconciles_total", "counter", "Reconciliations by kind and result.", ("kind", "result")),
     MetricSpec("trex_operator_reconcile_seconds", "histogram", "Reconciliation latency.", ("kind",)),

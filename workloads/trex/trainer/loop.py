@@ -316,6 +316,8 @@ class Trainer:
         exporter.metric("trex_train_peak_flops", job_name=self.job, device=label, source=source).set(peak)
         exporter.metric("trex_train_flops_per_token", job_name=self.job, flops_convention=convention).set(fpt)
         exporter.metric("trex_train_max_steps", job_name=self.job).set(self.cfg.max_steps)
+        for counter in ("trex_train_skipped_steps_total", "trex_train_spikes_total"):
+            exporter.metric(counter, job_name=self.job)  # from 0: "none so far" is data, not a gap
         self.log(f"device {label}; peak {peak / 1e12:.3f} TFLOP/s ({source}); {fpt / 1e6:.2f} MFLOP/token ({convention})")
         return Telemetry(exporter, JsonlLog(jsonl_path), self.job, label, convention, fpt, peak, source)
 
