@@ -48,7 +48,9 @@ def _cfg(ckpt: Path, layout: dict[str, Any], steps: int = STEPS, interval: int =
             "layerTypes": ["csa", "hca"]}},
         "maxSteps": steps, "parallelism": layout,
         "data": {"seqLen": 32, "microBatchSize": 2, "globalBatchSize": 8},
-        "optimizer": {"schedule": {"warmupSteps": 1}, "muon": {"distributed": muon}},
+        # AdamW's eps at the usual 1e-8: parameters whose gradients are ~1e-19 (mHC gates at init) would
+        # otherwise take sign-like steps that amplify last-digit differences of the gradient sums.
+        "optimizer": {"schedule": {"warmupSteps": 1}, "muon": {"distributed": muon}, "adamw": {"eps": 1e-8}},
         "routing": {"biasUpdateSpeed": 0.01, "sequenceBalanceWeight": 0.01},
         "stability": {"enabled": False},
         "checkpoint": {"dir": str(ckpt), "intervalSteps": interval, "exportHf": False},

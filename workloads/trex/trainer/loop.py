@@ -279,7 +279,7 @@ class Trainer:
         # Sharded bf16 parameters are fp32 masters; FSDP2 gathers them in the model dtype for compute.
         master = torch.float32 if dtype == torch.bfloat16 else dtype
         model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=master, seed=self.cfg.seed)
-        roles = dict(model.param_roles())
+        roles: dict[str, str] = dict(model.param_roles())
         self.parallel = parallelize(model, self.dims, self.meshes, param_dtype=dtype,
                                     reshard_after_forward=self.cfg.parallelism.reshard_after_forward)
         opts = build_optimizers(model, roles, self.cfg.optimizer, ns_dtype=self._ns_dtype())
@@ -328,7 +328,8 @@ class Trainer:
             return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
     def export_model(self) -> nn.Module | None:
         """A plain (undistributed) copy of the model for the Hugging Face export: the model itself in one

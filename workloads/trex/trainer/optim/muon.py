@@ -151,7 +151,7 @@ class Muon(torch.optim.Optimizer):
             return
         for p in params:
             if "momentum_buffer" not in self.state[p]:
-                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)  # type: ignore[arg-type]
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
         # Arithmetic on the rank-local shards (the whole tensors in one process); the state stays a DTensor
         # where the parameter is one, so checkpoints reshard.
         local = [local_tensor(p) for p in params]

@@ -43,7 +43,8 @@ def _a2a(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: An
     import torch.distributed._functional_collectives as fc
 
     y = fc.all_to_all_single_autograd(x.contiguous(), out_splits, in_splits, group)
-    return fc.wait_tensor(y)
+    out: torch.Tensor = fc.wait_tensor(y)  # type: ignore[no-untyped-call]
+    return out
 
 
 def _a2a_counts(counts: torch.Tensor, size: int, group: Any) -> torch.Tensor:

@@ -247,7 +247,7 @@ class ShardedOrthogonalize:
         dist.all_to_all_single(out, torch.cat(flat), output_split_sizes=recv_sizes, input_split_sizes=in_splits,
                                group=self.group)
         self.bytes_sent += (sum(in_splits) - in_splits[me]) * out.element_size()
-        return list(out.split(recv_sizes))
+        return list(torch.split(out, recv_sizes))
 
 
 def _numel(shape: Sequence[int]) -> int:
