@@ -1,13 +1,14 @@
-# trex operator: the kopf controller (`trex operator run`). No torch: the operator only needs the
-# API models, kopf and the Kubernetes client, so the project is installed without its dependencies
-# and the operator's own dependencies are pinned here.
+# trex operator: the kopf controller (`trex operator run`). The project is installed without its
+# dependencies and the operator's own are pinned here: the API models, kopf and the Kubernetes client,
+# and the CPU build of torch, which the TrainJob memory plan needs to build the model on the meta device.
 # Build from the repository root: docker build -f images/operator.Dockerfile -t ghcr.io/trex-dev/trex-operator:0.1.0 .
 
 FROM python:3.12.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN pip install \
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+ && pip install \
       kopf==1.45.2 kubernetes==37.0.2 kubernetes-validate==1.37.0 pydantic==2.14.4 \
       prometheus-client==0.26.0 PyYAML==6.0.4 rich==15.0.0 aiohttp==3.14.5 psutil==7.2.2
 COPY pyproject.toml README.md /src/

@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from trex.config_base import DNS1123_LABEL, TrexModel, check_dns1123_label
 from trex.evaluation.config import EvalConfig
 from trex.kernels.config import KernelTuneConfig
 from trex.ordata.config import ORDataConfig
-from trex.trainer.config import TrainerConfig, parallelism_problems
+from trex.trainer.config import TrainerConfig, job_problems
+from trex.trainer.mfu import DEFAULT_DEVICE_MODEL, DEVICES, DeviceSku
 
 GROUP = "trex.dev"
 VERSION = "v1alpha1"
@@ -28,6 +29,8 @@ DEFAULT_IMAGES: dict[str, str] = {
 DEFAULT_IMAGE = DEFAULT_IMAGES["cpu"]
 NPU_DEVICES_PER_REPLICA = (1, 2, 4, 8, 16)
 QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "m": 1e-3}
 PHASES = ("Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 _DNS_SCHEMA: dict[str, Any] = {"pattern": DNS1123_LABEL.pattern, "maxLength": 63}
 Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
@@ -236,6 +239,19 @@ class CheckpointRef(JobRef):
     """Checkpoint step (unset = the latest verified one)."""
 
 
+def memory_bytes(quantity: int | str) -> int:
+    """Bytes of a Kubernetes memory quantity (64Gi, 500M, 1e9, 1024)."""
+    if isinstance(quantity, int):
+        return quantity
+    m = re.fullmatch(r"([0-9.]+(?:[eE][+-]?[0-9]+)?)([kMGTP]i?|m)?", quantity.strip())
+    if m is None:
+        raise ValueError(f"{quantity!r} is not a memory quantity (e.g. 64Gi)")
+    return int(float(m.group(1)) * _SUFFIX[m.group(2) or ""])
+
+
+DeviceModel = Literal["910b", "910c", "h100", "h200", "h800", "a100"]
+
+
 class TrainJobSpec(CommonSpec):
     """A TrainJob: `replicas` pods x `devicesPerReplica` trainer processes."""
 
@@ -245,13 +261,40 @@ class TrainJobSpec(CommonSpec):
     """Train on the output of this ORDataJob (sets trainer.data.train)."""
     kernels_from: JobRef | None = None
     """Use the tuned kernels of this KernelTuneJob."""
+    device_model: DeviceModel | None = None
+    """Accelerator model the memory plan is checked against (`trex plan`): 910b, 910c (one die), h100, h200,
+    h800 or a100; unset = 910b for npu, h100 for gpu. cpu jobs are checked against resources.limits.memory
+    (else requests.memory) / devicesPerReplica, and not at all when neither is set."""
+
+    def device(self) -> DeviceSku:
+        """The catalog entry of the devices this job runs on."""
+        return DEVICES[self.device_model or DEFAULT_DEVICE_MODEL[self.device_type]]
+
+    def device_capacity(self) -> int | None:
+        """Bytes one trainer process may use: the device's memory; on cpu the pod's memory / devicesPerReplica."""
+        if self.device_type != "cpu":
+            return self.device().memory_bytes
+        section = "limits" if "memory" in self.resources.limits else "requests"
+        value = getattr(self.resources, section).get("memory")
+        if value is None:
+            return None
+        try:
+            return memory_bytes(value) // self.devices_per_replica
+        except ValueError as e:
+            raise ValueError(f"resources.{section}.memory: {e}") from None
 
     @model_validator(mode="after")
-    def _fits(self) -> TrainJobSpec:
-        world = self.replicas * self.devices_per_replica
-        problems = parallelism_problems(self.trainer, world)
-        if problems:
-            raise ValueError("\n".join(f"trainer.{path}: {msg}" for path, msg in problems))
+    def _fits(self, info: ValidationInfo) -> TrainJobSpec:
+        if self.device_model is not None and DEVICES[self.device_model].device_type != self.device_type:
+            raise ValueError(f"deviceModel: {self.device_model!r} is a {DEVICES[self.device_model].device_type} "
+                             f"device; deviceType is {self.device_type!r}")
+        # `trex plan` reads a job that may break the trainer rules (context rules=False) to show its plan.
+        if not (isinstance(info.context, dict) and info.context.get("rules") is False):
+            capacity = self.device_capacity()
+            problems = job_problems(self.trainer, self.replicas * self.devices_per_replica,
+                                    self.device() if capacity is not None else None, capacity)
+            if problems:
+                raise ValueError("\n".join(f"trainer.{path}: {msg}" for path, msg in problems))
         if self.data_from is not None and self.trainer.data.train is not None:
             raise ValueError("dataFrom: set either dataFrom or trainer.data.train, not both")
         return self

@@ -12,7 +12,6 @@ from trex.trainer.mfu import (
     device_peak,
     flops_per_token,
     measure_cpu_peak_flops,
-    memory_per_device,
     mfu,
     param_breakdown,
 )
@@ -116,14 +115,6 @@ def test_peak_catalog_mfu_and_memory() -> None:
     with pytest.raises(ValueError, match="dtype"):
         measure_cpu_peak_flops(seconds=0.02, n=64, dtype="fp8")
     assert "6N" in FLOPS_CONVENTION
-    v = resolve_model_values("v4-pro", {})
-    one = memory_per_device(v)
-    split = memory_per_device(v, dp=8, ep=8)
-    b = param_breakdown(v)
-    assert one.params == pytest.approx(2 * b.total)
-    assert split.params == pytest.approx(2 * (b.experts / 8 + b.dense))
-    with pytest.raises(ValueError, match="ep must be positive"):
-        memory_per_device(v, ep=0)
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -68,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    from trex.trainer.config import job_problems
+
+    problems = job_problems(cfg, env.world_size)  # the rule `trex validate` and the operator apply
+    if problems:
+        print(f"trex train: invalid config: {problems[0][0]}: {problems[0][1]}", file=sys.stderr)
+        return EXIT_CONFIG
 
     from trex.telemetry.progress import Progress
     from trex.telemetry.summary import write_termination_summary

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from trex.config_base import TrexModel
+
+if TYPE_CHECKING:
+    from trex.trainer.mfu import DeviceSku
+    from trex.trainer.plan import MemoryPlan
 
 Preset = Literal["tiny", "small-cpu", "small-gpu", "v4-flash", "v4-pro"]
 PRESETS: tuple[str, ...] = ("tiny", "small-cpu", "small-gpu", "v4-flash", "v4-pro")
@@ -476,3 +480,63 @@ def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str,
     if p.pp > layers:
         out.append((f"{base}.pp", f"pp={p.pp} exceeds the layer count {layers}"))
     return out
+
+
+def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
+    """Fields the schema has that `trex train` does not run yet (each lands with its own work)."""
+    out: list[tuple[str, str]] = []
+    if cfg.parallelism.pp > 1:
+        out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
+                    "set 1"))
+    if cfg.mode == "opd":
+        out.append(("mode", "'opd' (on-policy distillation) is not run by `trex train` yet; use pretrain, cpt or sft"))
+    return out
+
+
+def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None = None,
+                 capacity: int | None = None) -> list[tuple[str, str]]:
+    """The one validity rule `trex validate`, the operator and `trex train` share: the parallel degrees
+    fit the world and the model (parallelism_problems), every field is one the trainer runs
+    (support_problems, optimizer.swap), and the memory plan fits ``device`` (``capacity`` bytes per
+    process, default the device's memory; no device or an unknown capacity: not checked).
+    Returns (field path, message) pairs; empty means valid."""
+    out = parallelism_problems(cfg, world_size) + support_problems(cfg)
+    swap = ("optimizer.swap.enabled", "the swap optimizer is not run by `trex train` yet; set false")
+    if out or device is None:
+        return out + ([swap] if cfg.optimizer.swap.enabled else [])
+    if capacity is None and device.memory_bytes is None:
+        return [swap] if cfg.optimizer.swap.enabled else []
+    from trex.trainer.plan import gib, plan_memory, with_swap
+
+    try:
+        plan = plan_memory(cfg, world_size, device, capacity)
+    except ValueError as e:
+        return [("model.overrides", str(e))]
+    on, off = with_swap(plan, False), with_swap(plan, True)
+    has = f"{device.name} has {gib(plan.capacity or 0)}"
+    if cfg.optimizer.swap.enabled:
+        if on.fits:
+            why = f"this job fits without it ({gib(on.total)} per device; {has}); set false"
+        elif off.fits:
+            why = (f"this job needs it to fit: {gib(on.total)} per device with the optimizer states on the device, "
+                   f"{gib(off.total)} with them in host memory; {has}")
+        else:
+            why = "set false"
+        out.append((swap[0], f"the swap optimizer is not run by `trex train` yet; {why}"))
+        if not off.fits:
+            out.append(("parallelism", f"needs {gib(off.total)} per device even with the optimizer states in host "
+                        f"memory; {has}: {_memory_advice(off)}"))
+    elif not on.fits:
+        hint = (f"; optimizer.swap would bring it to {gib(off.total)}, but the swap optimizer is not run yet"
+                if off.fits else "")
+        out.append(("parallelism", f"needs {gib(on.total)} per device; {has}: {_memory_advice(on)}{hint}"))
+    return out
+
+
+def _memory_advice(plan: MemoryPlan) -> str:
+    """What to change, led by the part that dominates the plan."""
+    states = plan.persistent
+    if plan.activations > states:
+        return ("shorten data.seqLen (and its curriculum) or data.microBatchSize, or raise tp "
+                "(activations take the most)")
+    return "raise ep or add replicas (parameters, gradients and optimizer states take the most)"

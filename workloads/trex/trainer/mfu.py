@@ -1,5 +1,5 @@
-"""Parameter counts, FLOPs per token, MFU and a per-device memory estimate (pure Python; torch only for
-the CPU peak calibration).
+"""Parameter counts, FLOPs per token, MFU and the device catalog (pure Python; torch only for the CPU
+peak calibration). Per-device memory is planned by trex.trainer.plan.
 
 FLOPs convention (label `FLOPS_CONVENTION`), per trained token (forward + backward):
 
@@ -28,15 +28,38 @@ from typing import Any
 FLOPS_CONVENTION = "6N_active+attn_causal"
 """Label carried next to the MFU gauge: 6 x active non-embedding params + attended-key attention term."""
 
-# Dense bf16/fp16 peak FLOP/s per device (no sparsity).
-PEAK_FLOPS: dict[str, float] = {
-    "h100": 989e12,
-    "h200": 989e12,
-    "h800": 989e12,
-    "a100": 312e12,
-    "910c": 376e12,  # Ascend 910C, per die (the package holds two)
-    "910b": 313e12,  # Ascend 910B (910B3 class); pass --peak-flops for other bins
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceSku:
+    """One accelerator model: what trex plans against (memory) and measures MFU against (peak)."""
+
+    name: str
+    """Display name."""
+    device_type: str
+    """The TrainJob deviceType it serves: npu, gpu or cpu."""
+    memory_bytes: int | None
+    """Device memory one trainer process may use (None: host memory, known only where it runs)."""
+    peak_flops: float | None
+    """Dense bf16/fp16 peak FLOP/s, no sparsity (None: calibrated by a measurement)."""
+
+
+# Vendor specifications. One trainer process drives one device: an Ascend 910C package holds two
+# 910B-class dies that the runtime exposes as two devices (16 per A3 node), so its row is one die.
+DEVICES: dict[str, DeviceSku] = {
+    "910b": DeviceSku("Ascend 910B", "npu", 64 * GIB, 313e12),  # 910B3 class; 64 GB HBM2e
+    "910c": DeviceSku("Ascend 910C die", "npu", 64 * GIB, 376e12),  # 128 GB HBM2e / 780 TFLOPS per package
+    "h100": DeviceSku("NVIDIA H100 SXM", "gpu", 80 * GIB, 989e12),  # 80 GB HBM3
+    "h200": DeviceSku("NVIDIA H200 SXM", "gpu", 140 * GIB, 989e12),  # 141 GB HBM3e (143,771 MiB visible)
+    "h800": DeviceSku("NVIDIA H800 SXM", "gpu", 80 * GIB, 989e12),
+    "a100": DeviceSku("NVIDIA A100 80GB", "gpu", 80 * GIB, 312e12),
+    "cpu": DeviceSku("CPU", "cpu", None, None),
 }
+"""The device catalog, keyed by the name a TrainJob's `deviceModel` and `--device` options use."""
+DEFAULT_DEVICE_MODEL: dict[str, str] = {"npu": "910b", "gpu": "h100", "cpu": "cpu"}
+"""The device a TrainJob plans against when `deviceModel` is unset, per deviceType."""
+PEAK_FLOPS: dict[str, float] = {k: d.peak_flops for k, d in DEVICES.items() if d.peak_flops is not None}
 DEVICE_ALIASES = {"ascend910c": "910c", "ascend-910c": "910c", "ascend910b": "910b", "ascend-910b": "910b"}
 
 
@@ -223,46 +246,3 @@ def mfu(tokens_per_second: float, flops_per_token_: float, peak: float) -> float
     if peak <= 0:
         raise ValueError(f"peak FLOP/s must be positive, got {peak}")
     return tokens_per_second * flops_per_token_ / peak
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes per device by part."""
-
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-
-    @property
-    def total(self) -> float:
-        """Sum of the parts."""
-        return self.params + self.grads + self.optimizer + self.activations
-
-
-def memory_per_device(v: Mapping[str, Any], *, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, etp: int = 1,
-                      seq_len: int = 4096, micro_batch: int = 1, param_bytes: int = 2, grad_bytes: int = 4,
-                      shard_optimizer: bool = True, world: int | None = None) -> MemoryEstimate:
-    """Rough per-device memory: bf16 weights, fp32 grads, fp32 master + states (Muon momentum for
-    GEMM weights, AdamW m and v for embedding/head/norms, approximated as 1.2 states per param on
-    average plus master), experts divided by ep x etp x pp, the rest by tp x pp; optimizer state
-    sharded over the data-parallel replicas of each part when `shard_optimizer`. Activations:
-    34 x D x T x micro_batch bytes per layer (bf16, flash attention, no recompute) / tp, for the
-    layers of one stage."""
-    for name, val in (("dp", dp), ("tp", tp), ("pp", pp), ("ep", ep), ("etp", etp), ("seq_len", seq_len),
-                      ("micro_batch", micro_batch)):
-        if val <= 0:
-            raise ValueError(f"{name} must be positive, got {val}")
-    p = param_breakdown(v)
-    world = world or dp * tp * pp
-    expert_shard = p.experts / (ep * etp * pp)
-    dense_shard = p.dense / (tp * pp)
-    per_dev = expert_shard + dense_shard
-    states_per_param = 4.0 + 4.0 * 1.2  # fp32 master + ~1.2 fp32 states
-    edp = max(world // (ep * etp * pp), 1)
-    opt = states_per_param * (expert_shard / (edp if shard_optimizer else 1)
-                              + dense_shard / (dp if shard_optimizer else 1))
-    layers_per_stage = (_i(v, "num_layers") + _i(v, "mtp_depth")) / pp
-    hc = _i(v, "hc_mult")
-    act = 34.0 * _i(v, "hidden_size") * hc * seq_len * micro_batch * layers_per_stage / tp
-    return MemoryEstimate(params=per_dev * param_bytes, grads=per_dev * grad_bytes, optimizer=opt, activations=act)

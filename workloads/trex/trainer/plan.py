@@ -1,0 +1,382 @@
+"""Per-device memory plan of a training run: the bytes one rank holds for parameters, gradients, both
+optimizers' states, activations and communication under the sharding of the parallel trainer.
+
+Parameter shapes come from the model itself, built once per shape on the meta device (no memory, about a
+second for v4-pro), and are grouped by where the parallel layer places them:
+
+* ``experts``: routed expert stacks [E, I, D] / [E, D, I]: E/ep experts per ep rank, I/etp per etp rank,
+  then FSDP over edp = world / (ep x etp) on dim 0;
+* ``moe``: the router weight and shared experts of MoE layers: FSDP over dpShard x tp ranks;
+* ``tp_col`` / ``tp_row``: attention q_proj (or q_b_proj), kv_b_proj and dense-MLP gate/up split on the
+  output dim over tp; o_proj and dense-MLP down split on the input dim; then FSDP over dpShard;
+* ``replicated``: everything else (embedding, head, norms, q_a/kv_a projections, CSA compressor and
+  indexer, mHC, MTP eh_proj): replicated over tp, FSDP over dpShard.
+
+FSDP shards dim 0 with torch.chunk semantics (each rank holds at most ceil(dim0 / N) rows; the plan is
+the most loaded rank). dtypes: one process keeps parameters, gradients and optimizer states in
+model.dtype; with more than one rank the sharded parameters are fp32 (the masters when model.dtype is
+bf16), gradients and optimizer states fp32, and FSDP gathers blocks in model.dtype.
+
+Parameters, gradients and optimizer states are exact up to FSDP padding (checked against
+:func:`measured_state_bytes` of real runs); activations, communication buffers and optimizer transients
+are estimates of this trainer's saved tensors and buffers (no activation recompute: the trainer keeps
+every block's activations for the backward).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from trex.trainer.config import TrainerConfig, resolved_model_values
+from trex.trainer.mfu import GIB, DeviceSku
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from trex.trainer.optim.build import Optimizers
+
+Placement = Literal["experts", "moe", "tp_col", "tp_row", "replicated"]
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+_ATTN_TP_COL = frozenset({"q_proj", "q_b_proj", "kv_b_proj"})
+_ATTN_TP_ROW = frozenset({"o_proj"})
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter of the model: full shape, placement class, optimizer and FSDP unit."""
+
+    name: str
+    shape: tuple[int, ...]
+    placement: Placement
+    role: str
+    """muon or adamw (model.param_roles())."""
+    unit: str
+    """FSDP unit: a trunk block (layers.N), an MTP module (mtp.N) or the root (embedding, head, norm)."""
+
+
+@dataclass(frozen=True)
+class Census:
+    """Every parameter of one model shape, plus the bytes of its buffers (held whole on every rank)."""
+
+    params: tuple[ParamInfo, ...]
+    buffer_bytes: int
+
+    @property
+    def total(self) -> int:
+        """Parameter count."""
+        return sum(math.prod(p.shape) for p in self.params)
+
+
+def _placement(name: str, owner: Any, parent: Any) -> Placement:
+    from trex.trainer.model.attention import MLAttention
+    from trex.trainer.model.layers import MLP
+    from trex.trainer.model.moe import Gate, GroupedExperts
+
+    leaf = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
+    if isinstance(owner, GroupedExperts):
+        return "experts"
+    if isinstance(owner, Gate) or ".shared_experts." in name:
+        return "moe"
+    if isinstance(parent, MLP):  # a dense MLP's projections
+        return "tp_row" if leaf == "down_proj" else "tp_col"
+    if isinstance(parent, MLAttention):
+        if leaf in _ATTN_TP_COL:
+            return "tp_col"
+        if leaf in _ATTN_TP_ROW:
+            return "tp_row"
+    return "replicated"
+
+
+def _unit(name: str) -> str:
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("layers", "mtp") else "root"
+
+
+@functools.lru_cache(maxsize=16)
+def _census(values: tuple[tuple[str, Any], ...]) -> Census:
+    from trex.trainer.model import ModelArgs, build_model_from_args
+
+    model = build_model_from_args(ModelArgs.from_values(dict(values)), device="meta")
+    roles = model.param_roles()
+    modules = dict(model.named_modules())
+    out: list[ParamInfo] = []
+    for mod_name, mod in modules.items():
+        parent = modules.get(mod_name.rsplit(".", 1)[0] if "." in mod_name else "")
+        for p_name, p in mod.named_parameters(recurse=False):
+            full = f"{mod_name}.{p_name}" if mod_name else p_name
+            if full not in roles:
+                continue
+            out.append(ParamInfo(full, tuple(p.shape), _placement(full, mod, parent), roles[full], _unit(full)))
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return Census(tuple(out), buffers)
+
+
+def census(values: Mapping[str, Any]) -> Census:
+    """The parameters of the model the resolved shape ``values`` builds (cached per shape)."""
+    return _census(tuple(sorted(values.items())))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parallel degrees of one run (pp = 1): dense view dp x tp, MoE view edp x ep x etp."""
+
+    world: int
+    dp: int
+    tp: int
+    ep: int
+    etp: int
+    dp_replicate: int
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks one dense parameter is sharded over (FSDP)."""
+        return self.dp // self.dp_replicate
+
+    @property
+    def edp(self) -> int:
+        """Ranks one routed expert stack is sharded over (FSDP)."""
+        return self.world // (self.ep * self.etp)
+
+    @classmethod
+    def of(cls, cfg: TrainerConfig, world: int) -> Layout:
+        """The layout of ``cfg`` on ``world`` ranks (assumes parallelism_problems found nothing)."""
+        p = cfg.parallelism
+        return cls(world, p.dp or world // p.tp, p.tp, p.ep, p.etp, p.dp_replicate)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _split_shape(p: ParamInfo, lay: Layout) -> list[int]:
+    """The tp / ep / etp-local shape, before FSDP: what an FSDP all-gather materialises."""
+    shape = list(p.shape)
+    if lay.world == 1:
+        return shape
+    if p.placement == "experts":
+        shape[0] //= lay.ep
+        i_dim = 2 if p.name.endswith("down_proj") else 1
+        shape[i_dim] = _ceil(shape[i_dim], lay.etp)
+    elif p.placement == "tp_col":
+        shape[0] = _ceil(shape[0], lay.tp)
+    elif p.placement == "tp_row":
+        shape[1] = _ceil(shape[1], lay.tp)
+    return shape
+
+
+def local_shape(p: ParamInfo, lay: Layout) -> tuple[int, ...]:
+    """The shape one rank holds: tp / ep / etp split, then FSDP's dim-0 chunk (none in one process)."""
+    shape = _split_shape(p, lay)
+    if lay.world > 1:
+        n = {"experts": lay.edp, "moe": lay.dp_shard * lay.tp}.get(p.placement, lay.dp_shard)
+        shape[0] = _ceil(shape[0], n)
+    return tuple(shape)
+
+
+def _unsharded(p: ParamInfo, lay: Layout) -> int:
+    return math.prod(_split_shape(p, lay))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per device (the most loaded rank) by part, and the device it is planned against."""
+
+    params: int
+    """Parameters as stored (fp32 masters when model.dtype is bf16 and the run is sharded)."""
+    grads: int
+    """Gradients."""
+    muon_state: int
+    """Muon momentum (1 x its parameters)."""
+    adamw_state: int
+    """AdamW exp_avg and exp_avg_sq (2 x its parameters)."""
+    buffers: int
+    """Module buffers (router biases, hash-routing tables), whole on every rank."""
+    activations: int
+    """Tensors one micro-batch saves for the backward, every layer (the trainer does not recompute)."""
+    fsdp_gather: int
+    """Transient: FSDP-gathered blocks in model.dtype (two with prefetch; every block with
+    reshardAfterForward false) plus the root."""
+    comm_buffers: int
+    """Transient: MoE all-to-all dispatch + combine (x etp for ETP) and one block's fp32 gradient reduce-scatter."""
+    optimizer_transient: int
+    """Transient in the optimizer step: Muon updates, Newton-Schulz workspace, distributed-Muon gathers."""
+    swap: bool
+    """Optimizer states in host memory (optimizer.swap): states are not on the device, its buffers are."""
+    swap_buffers: int
+    """Device buffers of the swap optimizer (buffers x bucketMb)."""
+    device: DeviceSku
+    """The device planned against."""
+    capacity: int | None
+    """Bytes one process may use on that device (None: unknown, fit not checked)."""
+    world: int
+    """Ranks of the run."""
+
+    @property
+    def persistent(self) -> int:
+        """Held for the whole run."""
+        states = self.swap_buffers if self.swap else self.muon_state + self.adamw_state
+        return self.params + self.grads + states + self.buffers
+
+    @property
+    def total(self) -> int:
+        """Peak: persistent + the larger of the forward/backward phase and the optimizer phase."""
+        step = self.activations + self.fsdp_gather + self.comm_buffers
+        return self.persistent + max(step, self.optimizer_transient)
+
+    @property
+    def fits(self) -> bool | None:
+        """total <= capacity (None when the capacity is unknown)."""
+        return None if self.capacity is None else self.total <= self.capacity
+
+
+def gib(n: float) -> str:
+    """Bytes as GiB with one decimal (two below 10 GiB; MiB, KiB below; 64 GiB, not 64.0)."""
+    if n < 2**20:
+        return f"{n / 2**10:.1f} KiB"
+    if n < GIB:
+        return f"{n / 2**20:.1f} MiB"
+    text = f"{n / GIB:.2f}" if n < 10 * GIB else f"{n / GIB:.1f}".removesuffix(".0")
+    return f"{text} GiB"
+
+
+def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: int, act: int,
+                     attention_probs: bool = False) -> int:
+    """Saved-for-backward bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (per rank), every
+    block, at ``act`` bytes per element: residual/mHC streams, norms, attention projections (heads / tp),
+    the attention mask, the CSA compressed keys and lightning-indexer scores, router scores (fp32), routed
+    experts (top-k copies, x etp gathered tokens), shared and dense MLPs, and the fused loss's saved
+    input and head-weight gradients. ``attention_probs``: SDPA keeps the [H, T, T + S] probabilities (the
+    math kernel CPUs run with a mask); accelerators' fused attention keeps only the log-sum-exp."""
+    def g(key: str) -> int:
+        return int(v[key])
+
+    d, heads, t, n_tok = g("hidden_size"), g("num_heads"), seq_len, micro_batch * seq_len
+    h = heads // lay.tp
+    qk, nope, vd, rope = g("qk_nope_head_dim") + g("qk_rope_head_dim"), g("qk_nope_head_dim"), g("v_head_dim"), \
+        g("qk_rope_head_dim")
+    ql, kl, hc = g("q_lora_rank"), g("kv_lora_rank"), g("hc_mult")
+    csa = v["attention"] == "csa"
+    m = g("csa_compress_every")
+    s = t // m if csa else 0  # compressed entries per sequence
+    norms = 4 * d * act
+    iters = g("sinkhorn_iters")
+    streams = 2 * (hc * d * (8 + 2 * act) + 8 * iters * (hc * hc + hc)) if hc > 1 else 0
+    q = (2 * ql + 3 * h * qk + (h * qk if csa else 0)) * act
+    kv = (2 * kl + rope + (h * (nope + vd) + h * qk) * (1 + s / t)) * act
+    attn_out = 2 * h * vd * act + 4 * h + (t + s)  # SDPA output, o_proj input, log-sum-exp, boolean mask
+    if attention_probs:
+        attn_out += h * (t + s) * act
+    indexer = 0.0
+    if csa:
+        ih, idim = g("csa_indexer_heads"), g("csa_indexer_dim")
+        indexer = (ih * s + ih * idim + ih) * act + 2 * 4 * s + s
+    attn = norms + streams + q + kv + attn_out + indexer
+    e, k, mi, ns = g("n_routed_experts"), g("experts_per_token"), g("moe_intermediate_size"), g("n_shared_experts")
+    moe_tok = n_tok / lay.tp
+    moe = (4 * d + 8 * e + k * (lay.etp * 2 * d + 3 * mi) * act + (d + 3 * mi * ns) * act + d * act) * moe_tok
+    dense = (2 * d + 3 * _ceil(g("intermediate_size"), lay.tp)) * act * n_tok
+    layers, n_dense, mtp, vocab = g("num_layers"), g("n_dense_layers"), g("mtp_depth"), g("vocab_size")
+    total = (layers + mtp) * attn * n_tok + (layers - n_dense + mtp) * moe + n_dense * dense
+    total += n_tok * hc * d * act + mtp * n_tok * 4 * d * act  # embedded streams; MTP eh_proj input and norms
+    total += (1 + mtp) * (n_tok * d * act + vocab * d * act + 2 * n_tok * d * act)  # fused loss + final norms
+    return int(total)
+
+
+def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int | None = None) -> MemoryPlan:
+    """The per-device plan of ``cfg`` on ``world`` ranks of ``device`` (``capacity`` defaults to the
+    device's memory). Assumes parallelism_problems(cfg, world) is empty."""
+    values: dict[str, Any] = resolved_model_values(cfg.model)
+    c = census(values)
+    lay = Layout.of(cfg, world)
+    sharded = world > 1
+    model_bytes = _DTYPE_BYTES[cfg.model.dtype]
+    store = 4 if sharded else model_bytes
+    act = 2 if "bf16" in (cfg.model.dtype, cfg.model.autocast) else 4
+    local = {p.name: math.prod(local_shape(p, lay)) for p in c.params}
+    n_params = sum(local.values())
+    muon = sum(local[p.name] for p in c.params if p.role == "muon")
+    adamw = n_params - muon
+
+    units: dict[str, int] = defaultdict(int)
+    for p in c.params:
+        units[p.unit] += _unsharded(p, lay)
+    gather = 0
+    if sharded:
+        blocks = sorted((n for u, n in units.items() if u != "root"), reverse=True)
+        kept = sum(blocks) if not cfg.parallelism.reshard_after_forward else sum(blocks[:2])
+        gather = (units.get("root", 0) + kept) * model_bytes
+
+    seq = max([cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)])
+    tokens = cfg.data.micro_batch_size * seq
+    comm = 0
+    if lay.ep > 1 or lay.etp > 1:
+        comm += 2 * (tokens // lay.tp) * int(values["experts_per_token"]) * int(values["hidden_size"]) * act * lay.etp
+    if sharded:
+        comm += max((n for u, n in units.items() if u != "root"), default=0) * 4
+
+    opt = muon * store + 3 * _largest_bucket(c.params, lay) * 4  # Nesterov updates + Newton-Schulz workspace
+    if sharded:
+        dense_muon = [p for p in c.params if p.role == "muon" and p.placement != "experts"]
+        full = sum(_unsharded(p, lay) for p in dense_muon) * 4
+        if cfg.optimizer.muon.distributed == "gather":
+            opt += full
+        else:  # owner: send + receive buffers of the matrices this rank owns (balanced)
+            opt += 2 * full // max(lay.dp_shard, 1)
+    swap = cfg.optimizer.swap
+    return MemoryPlan(
+        params=n_params * store, grads=n_params * store, muon_state=muon * store, adamw_state=2 * adamw * store,
+        buffers=c.buffer_bytes, activations=activation_bytes(values, lay, cfg.data.micro_batch_size, seq, act,
+                                     attention_probs=device.device_type == "cpu"),
+        fsdp_gather=gather, comm_buffers=comm, optimizer_transient=opt, swap=swap.enabled,
+        swap_buffers=swap.buffers * swap.bucket_mb * 2**20, device=device,
+        capacity=device.memory_bytes if capacity is None else capacity, world=world,
+    )
+
+
+def _largest_bucket(params: Iterable[ParamInfo], lay: Layout) -> int:
+    """Elements of the largest group of same-shaped Muon matrices (one batched Newton-Schulz call)."""
+    buckets: dict[tuple[int, int], int] = defaultdict(int)
+    for p in params:
+        if p.role != "muon":
+            continue
+        shape = local_shape(p, lay)
+        n, m = shape[-2], shape[-1]
+        buckets[(min(n, m), max(n, m))] += math.prod(shape)
+    return max(buckets.values(), default=0)
+
+
+def with_swap(plan: MemoryPlan, enabled: bool) -> MemoryPlan:
+    """The same plan with optimizer states on (False) or off (True) the device."""
+    return replace(plan, swap=enabled)
+
+
+def measured_state_bytes(model: nn.Module, optimizers: Optimizers) -> dict[str, int]:
+    """Bytes this rank actually holds: its local shards (DTensor.to_local()) of parameters, gradients,
+    Muon state and AdamW state (AdamW's scalar step counters left out). The counterpart of plan_memory's
+    params, grads, muon_state and adamw_state."""
+    import torch
+
+    def nbytes(t: Any) -> int:
+        if not isinstance(t, torch.Tensor):
+            return 0
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return int(local.numel() * local.element_size())
+
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def state(opt: torch.optim.Optimizer | None) -> int:
+        if opt is None:
+            return 0
+        return sum(nbytes(val) for s in opt.state.values() for key, val in s.items() if key != "step")
+
+    return {
+        "params": sum(nbytes(p) for p in params),
+        "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "muon_state": state(optimizers.muon),
+        "adamw_state": state(optimizers.adamw),
+    }

@@ -1,0 +1,133 @@
+"""`trex plan FILE`: the per-device memory plan of a TrainJob manifest or a trainer config, and whether it fits.
+
+A TrainJob is planned on its replicas x devicesPerReplica ranks against its deviceModel (cpu: the pod's
+memory limit / devicesPerReplica); a trainer YAML on --world ranks of --device (cpu: this host's memory /
+world). Exit codes: 0 fits (or the capacity is unknown), 1 does not fit or the job is invalid, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from trex.trainer.mfu import DEVICES
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="trex plan", description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("file", help="TrainJob manifest or TrainerConfig YAML (whole file or its `trainer:` section)")
+    ap.add_argument("--world", type=int, default=None,
+                    help="ranks (default: replicas x devicesPerReplica of a TrainJob, else 1)")
+    ap.add_argument("--device", choices=sorted(DEVICES), default=None,
+                    help="device model (default: the TrainJob's deviceModel / deviceType, else cpu)")
+    return ap
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, int, Any, int | None, list[str]]:
+    """(trainer config, world, device, capacity, problems); ValueError with one line on bad input."""
+    import yaml
+    from pydantic import ValidationError
+
+    from trex.config_base import format_validation_error, load_section
+    from trex.trainer.config import TrainerConfig, job_problems
+
+    try:
+        with open(args.file, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as e:
+        raise ValueError(f"{args.file}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{args.file}: not valid YAML ({str(e).splitlines()[0]})") from None
+    try:
+        if isinstance(doc, dict) and doc.get("kind") == "TrainJob":
+            from trex_operator.api import TrainJob
+
+            job = TrainJob.model_validate(doc, by_alias=True, by_name=False, context={"rules": False})
+            spec = job.spec
+            cfg, world = spec.trainer, args.world or spec.replicas * spec.devices_per_replica
+            device = DEVICES[args.device] if args.device else spec.device()
+            capacity = spec.device_capacity() if args.device in (None, "cpu") and device.device_type == "cpu" \
+                else device.memory_bytes
+        else:
+            section = doc.get("trainer", doc) if isinstance(doc, dict) else doc
+            cfg = load_section(TrainerConfig, section or {})
+            world = args.world or 1
+            device = DEVICES[args.device or "cpu"]
+            capacity = device.memory_bytes if device.memory_bytes is not None else _host_memory() // world
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e)[0]) from None
+    if world <= 0:
+        raise ValueError(f"--world must be positive, got {world}")
+    problems = [f"{p}: {m}" for p, m in job_problems(cfg, world, device, capacity)]
+    return cfg, world, device, capacity, problems
+
+
+def _host_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def rows(plan: Any) -> list[tuple[str, str]]:
+    """(part, bytes) rows of the table, total and capacity last."""
+    from trex.trainer.plan import gib
+
+    master = " (fp32 masters)" if plan.world > 1 else ""
+    states = "in host memory (swap)" if plan.swap else None
+    out = [
+        (f"parameters{master}", gib(plan.params)),
+        ("gradients", gib(plan.grads)),
+        ("Muon state", states or gib(plan.muon_state)),
+        ("AdamW state", states or gib(plan.adamw_state)),
+    ]
+    if plan.swap:
+        out.append(("swap buffers", gib(plan.swap_buffers)))
+    out += [
+        ("buffers", gib(plan.buffers)),
+        ("activations (one micro-batch)", gib(plan.activations)),
+        ("FSDP gathers (transient)", gib(plan.fsdp_gather)),
+        ("communication buffers (transient)", gib(plan.comm_buffers)),
+        ("optimizer step (transient)", gib(plan.optimizer_transient)),
+        ("total (peak)", gib(plan.total)),
+        (f"{plan.device.name} memory", gib(plan.capacity) if plan.capacity is not None else "unknown"),
+    ]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the plan table, the fit and any problem `trex validate` would report."""
+    args = _parser().parse_args(argv)
+    try:
+        cfg, world, device, capacity, problems = _load(args)
+        from trex.trainer.config import parallelism_problems
+        from trex.trainer.plan import Layout, gib, plan_memory
+
+        if parallelism_problems(cfg, world):
+            for line in problems:
+                print(f"trex plan: {line}", file=sys.stderr)
+            return 1
+        plan = plan_memory(cfg, world, device, capacity)
+    except ValueError as e:
+        print(f"trex plan: error: {e}", file=sys.stderr)
+        return 2
+    lay = Layout.of(cfg, world)
+    print(f"{cfg.model.preset} ({cfg.model.dtype}) on {world} x {device.name}: dp {lay.dp} (dpShard {lay.dp_shard}) "
+          f"x tp {lay.tp}; MoE: edp {lay.edp} x ep {lay.ep} x etp {lay.etp}; "
+          f"micro-batch {cfg.data.micro_batch_size} x {max([cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)])} tokens")
+    table = rows(plan)
+    width = max(len(k) for k, _ in table)
+    for key, val in table:
+        print(f"  {key:<{width}}  {val:>12}")
+    if plan.fits is None:
+        print("fit: not checked (unknown capacity: set resources.limits.memory)")
+    else:
+        free = (plan.capacity or 0) - plan.total
+        print(f"fit: {'yes' if plan.fits else 'no'} ({gib(abs(free))} {'free' if free >= 0 else 'over'})")
+    for line in problems:
+        print(f"problem: {line}")
+    return 1 if problems or plan.fits is False else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
