@@ -32,7 +32,7 @@ from trex.runtime.device import (
     supports_dtype,
 )
 from trex.trainer.checkpoint import CheckpointManager, config_hash
-from trex.trainer.config import TrainerConfig, resolved_model_values
+from trex.trainer.config import TrainerConfig, resolved_model_values, support_problems
 from trex.trainer.data.build import build_data
 from trex.trainer.data.sources import DataError
 from trex.trainer.optim.build import (
@@ -72,8 +72,7 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
     for i, c in enumerate(cfg.data.seq_len_curriculum):
         if c.seq_len > max_len:
             out.append((f"data.seqLenCurriculum[{i}].seqLen", f"{c.seq_len} exceeds the model's maxSeqLen {max_len}"))
-    if cfg.mode == "opd":
-        out.append(("mode", "'opd' (on-policy distillation) is not run by `trex train`; use pretrain, cpt or sft"))
+    out.extend(support_problems(cfg))  # pp > 1 and opd: the rule `trex validate` applies too
     if cfg.data.tokenizer.path is not None and not Path(cfg.data.tokenizer.path).is_file():
         out.append(("data.tokenizer.path", f"{cfg.data.tokenizer.path} does not exist"))
     if cfg.data.train is not None:
@@ -94,12 +93,10 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
     if cfg.checkpoint.init_from_hf is not None and not Path(cfg.checkpoint.init_from_hf).is_dir():
         out.append(("checkpoint.initFromHf", f"{cfg.checkpoint.init_from_hf} is not a directory"))
     p = cfg.parallelism
-    if p.pp != 1:
-        out.append(("parallelism.pp", f"{p.pp}: pipeline parallelism is not run by `trex train`; set 1"))
     if p.dp is not None and p.dp != dp:
         out.append(("parallelism.dp", f"{p.dp} does not match the {dp} data-parallel rank(s) of this run"))
     if cfg.optimizer.swap.enabled:
-        out.append(("optimizer.swap.enabled", "the swap optimizer is not part of `trex train`; set false"))
+        out.append(("optimizer.swap.enabled", "the swap optimizer is not run by `trex train` yet; set false"))
     return out
 
 
