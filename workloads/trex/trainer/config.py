@@ -189,9 +189,10 @@ class MuonConfig(TrexModel):
     cost) in one packed all-to-all and scatters the result back; `gather` all-gathers every matrix on every
     rank (the reference: same result, more traffic and compute)."""
     ns_dtype: Literal["auto", "fp32", "bf16"] = "auto"
-    """Compute dtype of every Newton-Schulz stage but the last, which always runs in fp32 and lands the
-    singular values on 1 to fp32 accuracy (auto: bf16 where bf16 GEMMs are fast: NPUs, bf16-capable GPUs,
-    CPUs with AVX512-BF16 or AMX; fp32 elsewhere)."""
+    """Compute dtype of every Newton-Schulz stage but the last, which always runs in fp32 (auto: bf16 where
+    bf16 GEMMs are fast: NPUs, bf16-capable GPUs, CPUs with AVX512-BF16 or AMX; fp32 elsewhere). Singular
+    values end within about 5e-4 of 1 either way; bf16 stages let the singular vectors of ill-conditioned
+    updates drift from the polar factor (0.016 at condition 10, 0.6 at 1e3, spectral norm)."""
 
 
 class AdamWConfig(TrexModel):

@@ -44,8 +44,11 @@ def newton_schulz(g: Tensor, stages: Sequence[Stage] = DEFAULT_STAGES, *, eps: f
 
     Each matrix is normalised by its Frobenius norm first (so every singular value is <= 1), and tall
     matrices are transposed so the Gram matrix is the small one. Stages run in ``dtype`` except the
-    last, which runs in ``final_dtype`` (default ``dtype``): a bf16 quintic stage followed by an fp32
-    cleanup still lands every singular value on 1 to fp32 accuracy. ``chunk``: matrices per batched
+    last, which runs in ``final_dtype`` (default ``dtype``). With the default schedule every singular
+    value ends within about 5e-4 of 1 (2e-3 at condition number 1e4) in fp64, fp32 and bf16 + fp32
+    cleanup alike; bf16 leading stages keep the singular values but not the singular vectors of
+    ill-conditioned matrices (spectral distance to the polar factor 0.016 at condition 10, 0.09 at 1e2,
+    0.6 at 1e3, 1.5 at 1e4, against 5e-4 to 2e-3 in fp32). ``chunk``: matrices per batched
     call (default: the whole batch on accelerators, ``cpu_chunk`` on CPU); results do not depend on it.
     """
     if g.ndim < 2:
