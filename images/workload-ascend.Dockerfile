@@ -32,21 +32,12 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH
  && groupadd --gid 65532 trex \
  && useradd --uid 65532 --gid 65532 --groups HwHiAiUser --create-home --shell /bin/bash trex
 COPY --from=build /wheels /wheels
-<<<<<<< HEAD
 # the [hf] extra: transformers for the transformers / trex-checkpoint evaluation models
 RUN pip install "$(echo /wheels/trex-*.whl)[hf]" && rm -rf /wheels
-# The CANN environment (set_env.sh) for every process, including non-login shells of the pod.
-ENV ASCEND_TOOLKIT_HOME=/usr/local/Ascend/ascend-toolkit/latest \
-    LD_LIBRARY_PATH=/usr/local/Ascend/driver/lib64/driver:/usr/local/Ascend/driver/lib64/common:/usr/local/Ascend/ascend-toolkit/latest/lib64:/usr/local/Ascend/ascend-toolkit/latest/lib64/plugin/opskernel \
-    ASCEND_OPP_PATH=/usr/local/Ascend/ascend-toolkit/latest/opp \
-    PYTHONUNBUFFERED=1
-=======
-RUN pip install /wheels/*.whl && rm -rf /wheels
 COPY images/workload-ascend-entrypoint.sh /usr/local/bin/trex-ascend-entrypoint
 # The base image's ENV already carries set_env.sh's variables (PATH, LD_LIBRARY_PATH, ASCEND_*); nothing here
 # replaces them. The entrypoint sources the scripts too, for what they compute at run time.
 ENV PYTHONUNBUFFERED=1
->>>>>>> i21
 WORKDIR /home/trex
 USER 65532:65532
 EXPOSE 9400

@@ -250,7 +250,8 @@ def _train(replicas: int, devices: int, micro: int = 16, **par: int) -> dict[str
     (4, 8, {"ep": 32}, True),                      # 256 experts / 32
     (3, 8, {"ep": 24}, False),                     # 24 divides 24 ranks but not 256 experts
     (1, 8, {"pp": 8}, True),
-    (1, 16, {"tp": 16}, True),
+    (1, 16, {"tp": 8}, True),                      # dp 2 x tp 8
+    (1, 16, {"tp": 16}, False),                    # tp 16 does not divide the 8 output groups of V4 attention
     (1, 8, {"tp": 8, "dpReplicate": 2}, False),    # dp = 1 is not a multiple of 2 replicate groups
     (2, 8, {"tp": 2, "dpReplicate": 2}, True),     # HSDP: dp 8 = 2 replicate groups x 4 shards
 ])

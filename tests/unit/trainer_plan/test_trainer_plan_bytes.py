@@ -14,7 +14,7 @@ from trex.trainer.config import TrainerConfig, resolved_model_values
 from trex.trainer.mfu import DEVICES, param_breakdown
 from trex.trainer.plan import Layout, activation_bytes, census, local_shape, measured_state_bytes, plan_memory
 
-V4_TINY = {"attention": "csa", "hcMult": 4, "nHashLayers": 1, "qLoraRank": 16, "nDenseLayers": 1, "numLayers": 3,
+V4_TINY = {"attention": "csa", "hcMult": 4, "nHashLayers": 1, "qLoraRank": 16, "vHeadDim": 24, "nDenseLayers": 1, "numLayers": 3,
            "scoring": "sqrt-softplus"}
 
 
@@ -46,10 +46,11 @@ def test_census_classes_follow_the_sharding_spec() -> None:
     assert by["layers.0.mlp.gate_proj.weight"].placement == "tp_col"  # dense MLP (n_dense_layers 1)
     assert by["layers.0.mlp.down_proj.weight"].placement == "tp_row"
     assert by["layers.1.self_attn.q_b_proj.weight"].placement == "tp_col"
-    assert by["layers.1.self_attn.kv_b_proj.weight"].placement == "tp_col"
-    assert by["layers.1.self_attn.o_proj.weight"].placement == "tp_row"
-    for name in ("layers.1.self_attn.q_a_proj.weight", "layers.1.self_attn.kv_a_proj_with_mqa.weight",
-                 "layers.1.self_attn.indexer_q.weight", "layers.1.hc_attn.phi.weight", "mtp.0.eh_proj.weight",
+    assert by["layers.1.self_attn.o_a_proj.weight"].placement == "tp_col"  # V4: whole output groups per rank
+    assert by["layers.1.self_attn.sinks"].placement == "tp_col"
+    assert by["layers.1.self_attn.o_b_proj.weight"].placement == "tp_row"
+    for name in ("layers.1.self_attn.q_a_proj.weight", "layers.1.self_attn.kv_proj.weight",
+                 "layers.1.self_attn.compressor.kv_proj.weight", "layers.1.hc_attn.fn", "mtp.0.eh_proj.weight",
                  "embed_tokens.weight", "lm_head.weight", "norm.weight"):
         assert by[name].placement == "replicated", name
     assert by["layers.1.mlp.gate.weight"].placement == "moe"
@@ -129,7 +130,7 @@ def _saved_bytes(cfg: TrainerConfig, seq: int, batch: int) -> int:
     return sum(n for ptr, n in sizes.items() if ptr not in params)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"attention": "csa", "hcMult": 4, "hiddenSize": 128}])
+@pytest.mark.parametrize("overrides", [{}, {"attention": "csa", "hcMult": 4, "hiddenSize": 128, "qLoraRank": 16, "vHeadDim": 24}])
 def test_activation_estimate_tracks_what_autograd_saves(overrides: dict[str, Any]) -> None:
     cfg = _cfg(overrides=overrides)
     measured = _saved_bytes(cfg, seq=256, batch=2)

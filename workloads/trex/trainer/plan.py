@@ -7,8 +7,9 @@ second for v4-pro), and are grouped by where the parallel layer places them:
 * ``experts``: routed expert stacks [E, I, D] / [E, D, I]: E/ep experts per ep rank, I/etp per etp rank,
   then FSDP over edp = world / (ep x etp) on dim 0;
 * ``moe``: the router weight and shared experts of MoE layers: FSDP over dpShard x tp ranks;
-* ``tp_col`` / ``tp_row``: attention q_proj (or q_b_proj), kv_b_proj and dense-MLP gate/up split on the
-  output dim over tp; o_proj and dense-MLP down split on the input dim; then FSDP over dpShard;
+* ``tp_col`` / ``tp_row``: attention q_proj (or q_b_proj), kv_b_proj (MLA), o_a_proj and sinks (V4) and
+  dense-MLP gate/up split on the output dim over tp; o_proj (MLA), o_b_proj (V4) and dense-MLP down split
+  on the input dim; then FSDP over dpShard;
 * ``replicated``: everything else (embedding, head, norms, q_a/kv_a projections, CSA compressor and
   indexer, mHC, MTP eh_proj): replicated over tp, FSDP over dpShard.
 
@@ -44,6 +45,8 @@ Placement = Literal["experts", "moe", "tp_col", "tp_row", "replicated"]
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 _ATTN_TP_COL = frozenset({"q_proj", "q_b_proj", "kv_b_proj"})
 _ATTN_TP_ROW = frozenset({"o_proj"})
+_V4_TP_COL = frozenset({"q_b_proj", "o_a_proj"})
+_V4_TP_ROW = frozenset({"o_b_proj"})
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Census:
 def _placement(name: str, owner: Any, parent: Any) -> Placement:
     from trex.trainer.model.attention import MLAttention
     from trex.trainer.model.layers import MLP
+    from trex.trainer.model.v4attention import V4Attention
     from trex.trainer.model.moe import Gate, GroupedExperts
 
     leaf = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
@@ -89,6 +93,13 @@ def _placement(name: str, owner: Any, parent: Any) -> Placement:
             return "tp_col"
         if leaf in _ATTN_TP_ROW:
             return "tp_row"
+    if isinstance(parent, V4Attention):  # query heads and their output groups; the shared kv head stays whole
+        if leaf in _V4_TP_COL:
+            return "tp_col"
+        if leaf in _V4_TP_ROW:
+            return "tp_row"
+    if isinstance(owner, V4Attention) and name.endswith(".sinks"):  # one sink per head
+        return "tp_col"
     return "replicated"
 
 
