@@ -21,7 +21,7 @@ def _cfg(ckpt: Path, **over: Any) -> TrainerConfig:
     data: dict[str, Any] = {
         "model": {"preset": "tiny"}, "maxSteps": 4,
         "data": {"seqLen": 32, "microBatchSize": 2, "globalBatchSize": 4},
-        "optimizer": {"schedule": {"warmupSteps": 1}},
+        "optimizer": {"schedule": {"warmupSteps": 1}, "muon": {"nsDtype": "fp32"}},
         "stability": {"enabled": False},
         "checkpoint": {"dir": str(ckpt), "intervalSteps": 4},
     }
@@ -60,7 +60,12 @@ def test_two_rank_dp_matches_single_process_and_resumes_single(tmp_path: Path) -
     res = cont.run(6)
     assert [r.loss for r in res.history] == pytest.approx(ref_losses[4:], rel=1e-4)
     for k, v in cont.model.state_dict().items():
-        torch.testing.assert_close(v, single.model.state_dict()[k], atol=2e-4, rtol=1e-3)
+        # fp32: Newton-Schulz multiplies the smallest singular directions by ~3.4 per iteration, so last-bit
+        # differences of the sharded reductions grow elementwise over 6 steps (more with bf16 leading stages, so
+        # this test runs them in fp32); compare each tensor as a whole (exactness is pinned in float64 by
+        # tests/integration/trainer/test_parallel_equivalence.py)
+        want = single.model.state_dict()[k].double()
+        assert float((v.double() - want).norm()) <= 1e-3 * max(float(want.norm()), 1e-6), k
 
 
 def test_init_from_hf_weights(tmp_path: Path) -> None:

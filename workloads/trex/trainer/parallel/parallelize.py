@@ -215,3 +215,4 @@ def apply_fsdp(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, param_d
     for mod in sharded:
         assert isinstance(mod, FSDPModule)
         mod.set_gradient_divide_factor(1.0)
+        mod.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
