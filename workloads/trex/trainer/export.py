@@ -1,8 +1,8 @@
 """Hugging Face export of a trained model: DeepSeek-V3 safetensors + tokenizer + chat template.
 
 Evaluation (`EvalJob` with `trex-checkpoint`, or any transformers/vLLM server) loads this directory
-with `AutoModelForCausalLM` / `AutoTokenizer`. The chat template reproduces the trainer's SFT
-packing exactly: `<|bos|>` then `<|role|>content<|end|>` per message; generation stops at `<|end|>`.
+with `AutoModelForCausalLM` / `AutoTokenizer`. The chat template (:mod:`trex.prompt_contract`) reproduces
+the trainer's SFT packing exactly: `<|bos|>` then `<|role|>content<|end|>` per message; generation stops at `<|end|>`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trex.fsio import atomic_write_bytes
-
-CHAT_TEMPLATE = (
-    "{{ '<|bos|>' }}{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
-)
+from trex.prompt_contract import CHAT_TEMPLATE
 
 
 def export_problem(model: Any) -> str | None:
