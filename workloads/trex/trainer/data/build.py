@@ -11,8 +11,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from trex.trainer.config import DataConfig
 from trex.prompt_contract import PAD
+from trex.trainer.config import DataConfig
 from trex.trainer.data.loader import PackedLoader, SampleLoader
 from trex.trainer.data.packing import EncodedDoc, encode_chat, encode_text, policy_counts
 from trex.trainer.data.sources import corpus_fingerprint, demo_corpus, load_records
