@@ -153,7 +153,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("-q", "--quiet", action="store_true", help="print problems only")
     args = ap.parse_args(argv[1:] if is_get else argv)
     checked = list(iter_documents(args.files))
-    problems = [p for c in checked for p in c.problems]
+    from trex_operator.budgets import budget_problems
+
+    problems = [p for c in checked for p in c.problems] + budget_problems(checked)
     for p in problems:
         print(p.line(), file=sys.stderr if is_get else sys.stdout)
     if is_get:

@@ -179,6 +179,26 @@ def process(plan: Plan, cfg: ORDataConfig, timer: StageTimer) -> Outcome:
     return Outcome(plan, "accepted", sample=sample, ir_hash=ir_hash, reached=tuple(reached), attempts=attempts)
 
 
+def draft_sample(cfg: ORDataConfig, plan: Plan) -> dict[str, Any] | None:
+    """Instance ``plan`` generated, solved, rendered and given its reference formulation and program, without
+    verification, gates or execution: what its sample will look like (length budgets read it before a job
+    runs). None when the family cannot draw a feasible instance."""
+    from trex.ordata import gates
+
+    box: dict[str, SolveResult] = {}
+    try:
+        inst, attempts = sample_feasible(FAMILIES[plan.family], plan.seed, plan.size,
+                                         accept=_solve_checked(cfg, StageTimer(), box))
+    except GenerationError:
+        return None
+    cleaner = gates.Cleaner()
+    problem = cleaner.clean_text(render(inst, plan.style, plan.form).text)  # type: ignore[arg-type]
+    code = cleaner.clean_code(reference_code(inst, plan.library))
+    res = box["result"]
+    return _sample(cfg, plan, inst, inst.content_hash(), res, problem, formulation(inst), code, False, attempts,
+                   res.objective)
+
+
 def _reconstruct(cfg: ORDataConfig, inst: Instance, problem: str, library: str) -> tuple[str, str]:
     if cfg.reconstruction.mode == "reference":
         return formulation(inst), reference_code(inst, library)
