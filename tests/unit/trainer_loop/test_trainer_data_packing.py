@@ -169,7 +169,7 @@ def test_sft_packing_keeps_samples_whole_and_counts_truncated_and_dropped() -> N
                 seen[k] = seen.get(k, 0) + 1
     assert 3 not in seen and {0, 1, 2, 4, 5, 6} <= set(seen)
     assert loader.counts["dropped"] >= 1 and loader.counts["truncated"] >= 1
-    with pytest.raises(ValueError, match="data.seqLen: no sample's prompt fits"):
+    with pytest.raises(ValueError, match=r"data\.seqLen: no sample's prompt fits"):
         SampleLoader([docs[3]], seed=0, pad_id=0).next_batch(1, 32)
 
 
