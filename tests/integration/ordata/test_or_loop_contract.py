@@ -125,3 +125,20 @@ def test_validate_rejects_budgets_that_cannot_hold_the_samples() -> None:
     assert "TrainJob/quickstart-train: spec.trainer.data.seqLen: 256:" in line and "median" in line
     (line,) = _graph(max_pos=512)
     assert "spec.trainer.model.overrides.maxSeqLen: 512:" in line
+
+
+def test_demo_prints_the_oracle_check_from_the_jobs_outputs(loop: dict[str, Any], tmp_path: Path) -> None:
+    import shutil
+
+    from trex_operator.demo import local_output, oracle_lines
+
+    docs = [_doc("ordatajob.yaml"), _doc("trainjob.yaml"), _doc("evaljob.yaml")]
+    data, ckpt = local_output(docs[0], tmp_path), local_output(docs[1], tmp_path)
+    assert data is not None and ckpt is not None
+    shutil.copytree(loop["out"] / "heldout", data / "heldout")
+    shutil.copytree(loop["hf"], ckpt / "hf")
+    (line,) = oracle_lines(docs, tmp_path)
+    assert "maxTokens=1536 score Pass@1 = 100 %" in line and "the budget holds a correct answer" in line
+    docs[2]["spec"]["evaluation"]["model"]["sampling"]["maxTokens"] = 256
+    shutil.rmtree(tmp_path / "oracle-check")
+    assert "the budget cuts correct answers" in oracle_lines(docs, tmp_path)[0]
