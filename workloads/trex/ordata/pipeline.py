@@ -376,7 +376,8 @@ def run_shard(cfg: ORDataConfig, shard_index: int, num_shards: int, out_dir: str
             manifest = {
                 "schema": SCHEMA, "complete": True, "config_hash": chash, "shard_index": shard_index,
                 "num_shards": num_shards, "count": cfg.count, "seed": cfg.seed, "samples_per_file": per_file,
-                "outputs": list(cfg.outputs), "prompt_contract": PROMPT_RECORD, "counts": counts, "files": [e for p in state["parts"] for e in p],
+                "outputs": list(cfg.outputs), "prompt_contract": PROMPT_RECORD, "counts": counts,
+                "files": [e for p in state["parts"] for e in p],
                 "config": cfg.model_dump(mode="json", by_alias=True),
             }
             atomic_write_json(folder / MANIFEST, manifest)
@@ -499,7 +500,8 @@ def merge(out_dir: str | Path, exporter: Any = None) -> dict[str, Any]:
             tf["rejected"] += fv["rejected"]
     manifest = {
         "schema": SCHEMA, "complete": True, "config_hash": hashes.pop(), "num_shards": num,
-        "samples": len(kept), "heldout": len(heldout), "prompt_contract": PROMPT_RECORD, "cross_shard_duplicates": dict(cross_dups), "counts": totals,
+        "samples": len(kept), "heldout": len(heldout), "prompt_contract": PROMPT_RECORD,
+        "cross_shard_duplicates": dict(cross_dups), "counts": totals,
         "files": files,
         "shards": [{"name": d.name, "manifest_sha256": _sha(d / MANIFEST)} for d, _ in manifests],
     }

@@ -50,7 +50,8 @@ def load_or_train(path: str | None, texts: Iterable[str], vocab_size: int, cache
         tok = Tokenizer.from_file(path)
         check_specials(tok, "data.tokenizer.path")
         return tok
-    key = hashlib.sha256(f"{corpus_id}:{vocab_size}:{','.join(SPECIAL_TOKENS)}:{PRETOKENIZER_VERSION}".encode()).hexdigest()[:16]
+    spec = f"{corpus_id}:{vocab_size}:{','.join(SPECIAL_TOKENS)}:{PRETOKENIZER_VERSION}"
+    key = hashlib.sha256(spec.encode()).hexdigest()[:16]
     cached = cache_dir / f"tokenizer-{key}.json"
     if cached.is_file():
         return Tokenizer.from_file(str(cached))
