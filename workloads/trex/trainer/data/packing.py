@@ -3,8 +3,9 @@
 Text (pretrain / CPT) documents are concatenated into one stream cut into windows, so a long document
 continues in the next window. Chat (SFT) samples are packed whole (:func:`pack_samples`): a window holds
 complete samples and padding, never a sample's prompt without its answer. A packed window of T tokens
-carries: input_ids; doc_ids (0, 1, ... per document fragment in the window); position_ids restarting at 0 for every fragment; labels = the next token when it belongs to
-the same document and is a loss token, else -100; loss_mask = (labels != -100).
+carries: input_ids; doc_ids (0, 1, ... per document fragment in the window); position_ids restarting
+at 0 for every fragment; labels = the next token when it belongs to the same document and is a loss
+token, else -100; loss_mask = (labels != -100).
 """
 
 from __future__ import annotations
