@@ -83,13 +83,13 @@ def quick_overrides(doc: dict[str, Any]) -> dict[str, Any]:
         spec["ordata"]["count"] = min(int(spec["ordata"].get("count", 32)), 32)
     elif kind == "TrainJob":
         t = spec["trainer"]
-        t["maxSteps"] = min(int(t.get("maxSteps", 20)), 20)
-        t.setdefault("checkpoint", {})["intervalSteps"] = 10
+        t["maxSteps"] = min(int(t.get("maxSteps", 8)), 8)
+        t.setdefault("checkpoint", {})["intervalSteps"] = 4
         t.setdefault("optimizer", {}).setdefault("schedule", {})["warmupSteps"] = 2
     elif kind == "EvalJob":
         ev = spec["evaluation"]
         for b in ev.get("benchmarks") or []:  # fewer items, same budget: a correct answer still fits
-            b["limit"] = min(int(b.get("limit", 2)), 2)
+            b["limit"] = min(int(b.get("limit", 1)), 1)
     elif kind == "KernelTuneJob":
         k = spec["kernels"]
         k["budget"] = {"trials": 12, "seconds": 40}
