@@ -224,7 +224,9 @@ def main(argv: list[str]) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     checked = list(iter_documents(args.files, defaults))
-    problems = [p for c in checked for p in c.problems]
+    from trex_operator.budgets import budget_problems
+
+    problems = [p for c in checked for p in c.problems] + budget_problems(checked)
     for p in problems:
         print(p.line(), file=sys.stderr if is_get else sys.stdout)
     if is_get:

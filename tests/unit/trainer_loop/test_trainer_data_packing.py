@@ -131,3 +131,78 @@ def test_build_data_chat_file_and_tokenizer_cache(tmp_path: Path) -> None:
     assert tok2.to_str() == tok.to_str()
     batch = loader.next_batch(2, 32)
     assert batch["input_ids"].shape == (2, 32) and int(batch["input_ids"].max()) < 300
+
+
+def _chat_doc(prompt: int, answer: int, start: int) -> EncodedDoc:
+    """A sample of ``prompt`` context tokens then ``answer`` loss tokens (ids from ``start``, unique per doc)."""
+    ids = np.arange(start, start + prompt + answer)
+    return EncodedDoc(ids, np.r_[np.zeros(prompt, np.int8), np.ones(answer, np.int8)])
+
+
+def test_sft_packing_keeps_samples_whole_and_counts_truncated_and_dropped() -> None:
+    from trex.trainer.data.loader import SampleLoader
+    from trex.trainer.data.packing import fit, policy_counts
+
+    sizes = [(4, 6), (3, 2), (12, 24), (40, 5), (2, 9), (5, 5), (6, 3)]  # (40, 5): prompt alone > 32
+    docs = [_chat_doc(p, a, 1000 * (i + 1)) for i, (p, a) in enumerate(sizes)]
+    assert [fit(d, 32) for d in docs] == ["whole", "whole", "truncated", "dropped", "whole", "whole", "whole"]
+    assert policy_counts(docs, 32) == {"whole": 5, "truncated": 1, "dropped": 1}
+    loader = SampleLoader(docs, seed=3, pad_id=0)
+    seen: dict[int, int] = {}
+    for _ in range(6):
+        batch = loader.next_batch(2, 32)
+        for row in range(2):
+            ids, doc_ids = batch["input_ids"][row].tolist(), batch["doc_ids"][row].tolist()
+            labels, pos = batch["labels"][row].tolist(), batch["position_ids"][row].tolist()
+            for frag in sorted(set(doc_ids)):
+                cols = [j for j, d in enumerate(doc_ids) if d == frag]
+                tokens = [ids[j] for j in cols]
+                if tokens[0] == 0:  # padding: context only
+                    assert all(labels[j] == -100 for j in cols)
+                    continue
+                k = tokens[0] // 1000 - 1
+                whole = docs[k].ids.tolist()
+                # every fragment starts at its sample's first token (the prompt is never cut off) ...
+                assert tokens == whole[:len(tokens)] and [pos[j] for j in cols] == list(range(len(tokens)))
+                # ... and is either the whole sample or the one truncated sample filling the window
+                assert len(tokens) == len(whole) or (len(tokens) == 32 and fit(docs[k], 32) == "truncated")
+                seen[k] = seen.get(k, 0) + 1
+    assert 3 not in seen and {0, 1, 2, 4, 5, 6} <= set(seen)
+    assert loader.counts["dropped"] >= 1 and loader.counts["truncated"] >= 1
+    with pytest.raises(ValueError, match=r"data\.seqLen: no sample's prompt fits"):
+        SampleLoader([docs[3]], seed=0, pad_id=0).next_batch(1, 32)
+
+
+def test_sft_loader_resumes_exactly_across_sequence_lengths_and_ranks() -> None:
+    from trex.trainer.data.loader import SampleLoader
+
+    rng = np.random.default_rng(4)
+    docs = [_chat_doc(int(p), int(a), 1000 * (i + 1)) for i, (p, a) in enumerate(rng.integers(2, 14, (30, 2)))]
+    plan = [(2, 32), (1, 64), (2, 24), (3, 32)] * 5
+    whole = SampleLoader(docs, 9, 0)
+    ref = [whole.next_batch(b, t) for b, t in plan]
+    part = SampleLoader(docs, 9, 0)
+    for bt in plan[:7]:
+        part.next_batch(*bt)
+    resumed = SampleLoader(docs, 9, 0)
+    resumed.load_state_dict(part.state_dict())
+    for (b, t), want in zip(plan[7:], ref[7:], strict=True):
+        got = resumed.next_batch(b, t)
+        assert all(np.array_equal(got[k].numpy(), want[k].numpy()) for k in want)
+    r0 = SampleLoader(docs, 9, 0).next_batch(2, 32, rank=0, world=2)
+    r1 = SampleLoader(docs, 9, 0).next_batch(2, 32, rank=1, world=2)
+    both = SampleLoader(docs, 9, 0).next_batch(4, 32)
+    assert np.array_equal(np.concatenate([r0["input_ids"], r1["input_ids"]]), both["input_ids"].numpy())
+    with pytest.raises(ValueError, match="token offset"):
+        resumed.load_state_dict({"epoch": 0, "offset": 10, "seed": 9})
+
+
+def test_numbers_split_into_digit_groups_like_deepseek_v3() -> None:
+    tok = train_bpe(["the payload is 1234567 kg and 98765 euros, 3.14159 per unit " * 40], 400)
+    pieces = tok.encode("capacity 1234567 at 2048.5", add_special_tokens=False).tokens
+    digits = [p.lstrip("Ġ") for p in pieces if p.lstrip("Ġ").isdigit()]
+    # every number is cut into groups of at most three digits, left to right, and no piece mixes digits with text
+    assert "".join(digits) == "123456720485" and all(len(d) <= 3 for d in digits)
+    assert digits[:3] == ["123", "456", "7"]
+    assert all(p.lstrip("Ġ").isdigit() or not any(ch.isdigit() for ch in p) for p in pieces)
+    assert tok.decode(tok.encode("capacity 1234567 at 2048.5", add_special_tokens=False).ids) == "capacity 1234567 at 2048.5"

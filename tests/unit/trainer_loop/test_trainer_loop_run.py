@@ -148,7 +148,7 @@ def test_resume_takes_hyperparameters_from_the_current_config(tmp_path: Path) ->
 def test_accumulated_loss_is_token_weighted_like_one_big_batch(tmp_path: Path) -> None:
     """Two SFT micro-batches with different numbers of loss tokens: the step's LM loss equals the masked mean
     over one forward of both rows, not the plain mean of the two micro-batch means."""
-    from trex.trainer.data.loader import PackedLoader
+    from trex.trainer.data.loader import SampleLoader
     from trex.trainer.model import compute_loss
 
     rows = [{"messages": [{"role": "user", "content": "q " * (1 + i % 7)},
@@ -159,7 +159,8 @@ def test_accumulated_loss_is_token_weighted_like_one_big_batch(tmp_path: Path) -
                    data={"train": str(data), "seqLen": 24, "microBatchSize": 1, "globalBatchSize": 2,
                          "tokenizer": {"vocabSize": 300}})
     tr = Trainer(cfg, tmp_path, measure_peak=False, log=lambda _m: None)
-    whole = PackedLoader(tr.loader.docs, tr.loader.seed).next_batch(2, 24)
+    assert isinstance(tr.loader, SampleLoader)
+    whole = SampleLoader(tr.loader.docs, tr.loader.seed, tr.loader.pad_id).next_batch(2, 24)
     per_row = [float(x) for x in whole["loss_mask"].sum(1)]
     assert per_row[0] != per_row[1] and min(per_row) > 0
     with torch.no_grad():

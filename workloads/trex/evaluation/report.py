@@ -165,7 +165,10 @@ def render_markdown(summary: dict[str, Any], against: dict[str, Any] | None = No
     lines += [f"| {d['name']} | {d['version']} | {d['items']} | `{d['content_hash'][:16]}…` |"
               for d in summary.get("datasets", [])]
     v = summary.get("versions", {})
-    lines += ["", f"Prompt v{v.get('prompt')}, extraction v{v.get('extract')}, ORGEval v{v.get('orgeval')}.", ""]
+    sets = sorted({str(s.get("protocol", {}).get("prompt_set")) for s in summary["benchmarks"].values()
+                   if s.get("protocol", {}).get("prompt_set")})
+    lines += ["", f"Prompt contract v{v.get('prompt')} (prompt set {', '.join(sets) or 'n/a'}), extraction "
+              f"v{v.get('extract')}, ORGEval v{v.get('orgeval')}.", ""]
     lines += ["![Pass@1](pass_at_1.png)", "", "![Failures](failures.png)", ""]
     if against is not None:
         lines += ["![Comparison](comparison.png)", ""]

@@ -32,7 +32,7 @@ from trex.evaluation.config import BenchmarkSpec, EvalConfig
 from trex.evaluation.extract import EXTRACT_VERSION, extract_code
 from trex.evaluation.models.base import Model
 from trex.evaluation.orgeval import ORGEVAL_VERSION, equivalent_lp, verify_recorded_solve
-from trex.evaluation.prompts import PROMPT_VERSION, build_messages, prompt_hash
+from trex.evaluation.prompts import PROMPT_VERSION, build_messages, prompt_hash, prompt_set_for
 from trex.evaluation.protocols import Protocol, get_protocol
 from trex.evaluation.scoring import CATEGORIES, Execution, aggregate, classify, syntax_check
 from trex.fsio import atomic_write_bytes
@@ -291,6 +291,10 @@ def plan_jobs(datasets: list[Dataset], cfg: EvalConfig, done: set[tuple[str, str
     return jobs, skipped
 
 
+def _protocol_meta(proto: Protocol) -> dict[str, str]:
+    return {"tag": proto.tag, "rule": proto.rule, "prompt_set": prompt_set_for(proto.name)}
+
+
 def run_metadata(cfg: EvalConfig, datasets: list[Dataset], model_name: str) -> dict[str, Any]:
     """What run.json records: config, model, versions of every rule, dataset provenance."""
     specs: dict[str, BenchmarkSpec] = {b.name: b for b in cfg.benchmarks}
@@ -298,9 +302,7 @@ def run_metadata(cfg: EvalConfig, datasets: list[Dataset], model_name: str) -> d
         "model": model_name,
         "config": cfg.model_dump(mode="json", by_alias=True),
         "versions": {"prompt": PROMPT_VERSION, "extract": EXTRACT_VERSION, "orgeval": ORGEVAL_VERSION},
-        "protocols": {ds.name: {"tag": get_protocol(specs[ds.name].protocol or cfg.protocol).tag,
-                                "rule": get_protocol(specs[ds.name].protocol or cfg.protocol).rule}
-                      for ds in datasets},
+        "protocols": {ds.name: _protocol_meta(get_protocol(specs[ds.name].protocol or cfg.protocol)) for ds in datasets},
         "datasets": [ds.provenance() for ds in datasets],
         "k": sorted(set(cfg.k)),
         "answers": ANSWERS_PRINTED if cfg.accept_printed_answers else ANSWERS_RECORDED,

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from trex import prompt_contract as contract
 from trex.ordata.config import ORDataConfig
 from trex.ordata.generators import FAMILIES, GenerationError, derive_seed, sample_feasible
 from trex.ordata.generators.base import MAX_ATTEMPTS
@@ -40,13 +41,12 @@ from trex.ordata.shards import (
 )
 from trex.ordata.solve import SolveResult, solve
 from trex.ordata.verify import cross_check, should_cross_check, verify_solution
+from trex.prompt_contract import CONTRACT_VERSION, DEFAULT_SET, FORMULATION_HEADER
 
-SYSTEM_PROMPT = (
-    "You are an expert in operations research. Write a precise mathematical formulation of the problem "
-    "(variables, objective, constraints) and a self-contained Python program that solves it and prints "
-    'one line: TREX_RESULT {"status": ..., "objective": ..., "values": {...}}.'
-)
-FORMULATION_HEADER = "\n\n## Formulation\n\n"
+CPT_SPLIT = "\n\n" + FORMULATION_HEADER
+"""Where a CPT document's problem text ends and its reference answer begins."""
+PROMPT_RECORD = {"set": DEFAULT_SET, "version": CONTRACT_VERSION}
+"""The prompt contract SFT records follow (recorded in every manifest)."""
 STAGES = ("generate", "solve", "verify", "render", "reconstruct", "sandbox", "gates", "dedup", "write")
 
 
@@ -79,7 +79,7 @@ def plan_instance(cfg: ORDataConfig, index: int) -> Plan:
 
 def config_hash(cfg: ORDataConfig) -> str:
     """sha256 of the settings that determine the samples (output folder and shard count excluded)."""
-    data = cfg.model_dump(mode="json", exclude={"output", "shards"})
+    data = {**cfg.model_dump(mode="json", exclude={"output", "shards"}), "prompt_contract": CONTRACT_VERSION}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -181,6 +181,26 @@ def process(plan: Plan, cfg: ORDataConfig, timer: StageTimer) -> Outcome:
     return Outcome(plan, "accepted", sample=sample, ir_hash=ir_hash, reached=tuple(reached), attempts=attempts)
 
 
+def draft_sample(cfg: ORDataConfig, plan: Plan) -> dict[str, Any] | None:
+    """Instance ``plan`` generated, solved, rendered and given its reference formulation and program, without
+    verification, gates or execution: what its sample will look like (length budgets read it before a job
+    runs). None when the family cannot draw a feasible instance."""
+    from trex.ordata import gates
+
+    box: dict[str, SolveResult] = {}
+    try:
+        inst, attempts = sample_feasible(FAMILIES[plan.family], plan.seed, plan.size,
+                                         accept=_solve_checked(cfg, StageTimer(), box))
+    except GenerationError:
+        return None
+    cleaner = gates.Cleaner()
+    problem = cleaner.clean_text(render(inst, plan.style, plan.form).text)  # type: ignore[arg-type]
+    code = cleaner.clean_code(reference_code(inst, plan.library))
+    res = box["result"]
+    return _sample(cfg, plan, inst, inst.content_hash(), res, problem, formulation(inst), code, False, attempts,
+                   res.objective)
+
+
 def _reconstruct(cfg: ORDataConfig, inst: Instance, problem: str, library: str) -> tuple[str, str]:
     if cfg.reconstruction.mode == "reference":
         return formulation(inst), reference_code(inst, library)
@@ -225,27 +245,36 @@ def _sample(cfg: ORDataConfig, plan: Plan, inst: Instance, ir_hash: str, res: So
             "provenance": provenance}
 
 
+def reference_answer(sample: dict[str, Any]) -> str:
+    """The sample's reference answer in the prompt contract's layout (formulation, program, objective)."""
+    return contract.answer_text(sample["formulation"], sample["code"], fmt_num(sample["provenance"]["objective"]))
+
+
 def cpt_record(sample: dict[str, Any]) -> dict[str, Any]:
-    """CPT text document: problem, formulation and code in one text."""
-    text = (f"{sample['problem']}{FORMULATION_HEADER}{sample['formulation']}\n\n## Code\n\n"
-            f"```python\n{sample['code']}```\n")
+    """CPT text document: the problem, then its reference answer."""
+    text = f"{sample['problem']}\n\n{reference_answer(sample)}\n"
     return {"schema": SCHEMA, "id": sample["id"], "text": text, "provenance": sample["provenance"]}
 
 
 def sft_record(sample: dict[str, Any]) -> dict[str, Any]:
-    """SFT chat sample: system, user (problem), assistant (formulation + code)."""
-    answer = (f"## Formulation\n\n{sample['formulation']}\n\n## Code\n\n```python\n{sample['code']}```\n\n"
-              f"The optimal objective value is {fmt_num(sample['provenance']['objective'])}.")
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": sample["problem"]},
-                {"role": "assistant", "content": answer}]
+    """SFT chat sample: the evaluation prompt of the problem (prompt set ``trex``), the reference answer."""
+    messages = contract.training_messages(sample["problem"], reference_answer(sample))
     return {"schema": SCHEMA, "id": sample["id"], "messages": messages, "provenance": sample["provenance"]}
 
 
 def problem_of(record: dict[str, Any]) -> str:
     """The problem text of a CPT or SFT record."""
     if "messages" in record:
-        return str(next(m["content"] for m in record["messages"] if m["role"] == "user"))
-    return str(record["text"]).split(FORMULATION_HEADER, 1)[0]
+        user = str(next(m["content"] for m in record["messages"] if m["role"] == "user"))
+        return contract.question_of(user)
+    return str(record["text"]).split(CPT_SPLIT, 1)[0]
+
+
+def answer_of(record: dict[str, Any]) -> str:
+    """The reference answer of a CPT or SFT record."""
+    if "messages" in record:
+        return str(next(m["content"] for m in record["messages"] if m["role"] == "assistant"))
+    return FORMULATION_HEADER + str(record["text"]).split(CPT_SPLIT, 1)[1].rstrip("\n")
 
 
 # --- shards ------------------------------------------------------------------------------------------
@@ -353,7 +382,8 @@ def run_shard(cfg: ORDataConfig, shard_index: int, num_shards: int, out_dir: str
             manifest = {
                 "schema": SCHEMA, "complete": True, "config_hash": chash, "shard_index": shard_index,
                 "num_shards": num_shards, "count": cfg.count, "seed": cfg.seed, "samples_per_file": per_file,
-                "outputs": list(cfg.outputs), "counts": counts, "files": [e for p in state["parts"] for e in p],
+                "outputs": list(cfg.outputs), "prompt_contract": PROMPT_RECORD, "counts": counts,
+                "files": [e for p in state["parts"] for e in p],
                 "config": cfg.model_dump(mode="json", by_alias=True),
             }
             atomic_write_json(folder / MANIFEST, manifest)
@@ -476,7 +506,8 @@ def merge(out_dir: str | Path, exporter: Any = None) -> dict[str, Any]:
             tf["rejected"] += fv["rejected"]
     manifest = {
         "schema": SCHEMA, "complete": True, "config_hash": hashes.pop(), "num_shards": num,
-        "samples": len(kept), "heldout": len(heldout), "cross_shard_duplicates": dict(cross_dups), "counts": totals,
+        "samples": len(kept), "heldout": len(heldout), "prompt_contract": PROMPT_RECORD,
+        "cross_shard_duplicates": dict(cross_dups), "counts": totals,
         "files": files,
         "shards": [{"name": d.name, "manifest_sha256": _sha(d / MANIFEST)} for d, _ in manifests],
     }
@@ -497,9 +528,11 @@ def in_heldout(sample_id: str, fraction: float) -> bool:
 
 
 def heldout_record(record: dict[str, Any]) -> dict[str, Any]:
-    """A sample in the evaluation harness's `ordata` format: id, question, answer (optimal objective), family."""
+    """A sample in the evaluation harness's `ordata` format: id, question, answer (optimal objective), family and
+    the reference answer (what a correct model writes; the oracle check and length budgets read it)."""
     prov = record["provenance"]
-    return {"id": record["id"], "question": problem_of(record), "answer": prov["objective"], "family": prov["family"]}
+    return {"id": record["id"], "question": problem_of(record), "answer": prov["objective"], "family": prov["family"],
+            "reference": answer_of(record)}
 
 
 def _sha(p: Path) -> str:

@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from trex.telemetry.progress import Progress
     from trex.telemetry.summary import write_termination_summary
+    from trex.trainer.data.build import packing_line
+    from trex.trainer.data.loader import SampleLoader
     from trex.trainer.loop import ConfigProblem, Trainer, finite_or_none, install_sigterm
 
     start = time.time()
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         _leave(group)
         return EXIT_FAILURE
     install_sigterm(trainer)
+    packing = packing_line(trainer.loader, cfg.data.seq_len)
+    if packing is not None and trainer.rank == 0:
+        trainer.log(packing)
     try:
         with Progress("train", cfg.max_steps, every_s=0.0) as progress:
             progress.done = (trainer.ckpt.latest_step() or 0) if cfg.checkpoint.resume else 0
@@ -117,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         lastCheckpointStep=result.last_checkpoint, skippedSteps=result.skipped_steps, spikes=result.spikes,
         tokens=trainer.tokens_seen, seconds=round(time.time() - start, 3),
     )
+    if isinstance(trainer.loader, SampleLoader):
+        summary["sftSamples"] = dict(trainer.loader.counts)
     if trainer.telemetry is not None:
         summary.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
                        flopsConvention=trainer.telemetry.convention)

@@ -78,8 +78,8 @@ class Census:
 def _placement(name: str, owner: Any, parent: Any) -> Placement:
     from trex.trainer.model.attention import MLAttention
     from trex.trainer.model.layers import MLP
-    from trex.trainer.model.v4attention import V4Attention
     from trex.trainer.model.moe import Gate, GroupedExperts
+    from trex.trainer.model.v4attention import V4Attention
 
     leaf = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
     if isinstance(owner, GroupedExperts):

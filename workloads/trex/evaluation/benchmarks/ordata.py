@@ -1,7 +1,9 @@
-"""Held-out ORData samples: JSONL of ``{"id", "question", "answer"[, "family"]}``.
+"""Held-out ORData samples: JSONL of ``{"id", "question", "answer"[, "family", "reference"]}``.
 
 ``answer`` is the solver-verified optimal objective (a number) or a status label
-("infeasible", "unbounded"); ``family`` is the generator family used as category.
+("infeasible", "unbounded"); ``family`` is the generator family used as category; ``reference`` is
+the sample's reference answer (kept in ``Item.meta["reference"]``: the oracle check replays it, length
+budgets measure it; it never enters a prompt).
 """
 
 from __future__ import annotations
@@ -19,5 +21,6 @@ def parse(data: bytes, what: str) -> list[Item]:
         items.append(Item(
             id=str(r.get("id", i)), question=str(require(r, "question", what, i)), truth=truth,
             category=str(r.get("family", "")),
+            meta={"reference": str(r["reference"])} if isinstance(r.get("reference"), str) else {},
         ))
     return items

@@ -12,6 +12,8 @@ as model.lp for ORGEval, solves it and prints the solver's outcome.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from trex.evaluation.benchmarks.base import Item, Truth
 from trex.llm.client import ChatResult, Usage
@@ -115,6 +117,42 @@ class ReferenceModel:
     async def generate(self, messages: list[dict[str, str]], *, item: Item, sample_index: int) -> ChatResult:
         """The reference answer for ``item``."""
         return ChatResult(f"Reference program.\n\n```python\n{reference_program(item)}```\n", Usage(), 0.0, "stop")
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+
+def cut_to_tokens(text: str, tokenizer: Any, max_tokens: int) -> tuple[str, bool]:
+    """``text`` cut at ``max_tokens`` tokens of ``tokenizer`` (a `tokenizers.Tokenizer` or a Hugging Face
+    tokenizer), as generation under that budget would end; and whether it was cut."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = list(getattr(ids, "ids", ids))
+    if len(ids) <= max_tokens:
+        return text, False
+    return str(tokenizer.decode(ids[:max_tokens])), True
+
+
+class OracleModel:
+    """Answers each item with its recorded reference answer (``Item.meta["reference"]``, ORData's held-out
+    samples), cut at ``max_tokens`` tokens of ``tokenizer`` when both are given: what a perfect model
+    writes under the job's sampling budget. A harness and budget that are right score it 100 %."""
+
+    def __init__(self, tokenizer: Any = None, max_tokens: int | None = None, *,
+                 answers: Mapping[str, str] | None = None, name: str = "oracle") -> None:
+        self.tokenizer, self.max_tokens = tokenizer, max_tokens
+        self.answers = dict(answers or {})
+        """Per item id, an answer used instead of the item's own reference (the control: another item's)."""
+        self.name = name
+
+    async def generate(self, messages: list[dict[str, str]], *, item: Item, sample_index: int) -> ChatResult:
+        """The item's reference answer (cut to the budget)."""
+        text = self.answers.get(item.id, item.meta.get("reference"))
+        if not isinstance(text, str):
+            raise ValueError(f"item {item.id!r} has no reference answer (ORData held-out records carry one)")
+        cut = False
+        if self.tokenizer is not None and self.max_tokens is not None:
+            text, cut = cut_to_tokens(text, self.tokenizer, self.max_tokens)
+        return ChatResult(text, Usage(), 0.0, "length" if cut else "stop")
 
     async def aclose(self) -> None:
         """Nothing to release."""

@@ -1,4 +1,8 @@
-"""Turn config.data into a tokenizer and a packed loader (demo corpus when data.train is unset)."""
+"""Turn config.data into a tokenizer and a packed loader (demo corpus when data.train is unset).
+
+Text corpora stream through :class:`PackedLoader`; chat (SFT) corpora go through :class:`SampleLoader`,
+which never separates a sample's prompt from its answer.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,16 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from trex.prompt_contract import PAD
 from trex.trainer.config import DataConfig
-from trex.trainer.data.loader import PackedLoader
-from trex.trainer.data.packing import EncodedDoc, encode_chat, encode_text
+from trex.trainer.data.loader import PackedLoader, SampleLoader
+from trex.trainer.data.packing import EncodedDoc, encode_chat, encode_text, policy_counts
 from trex.trainer.data.sources import corpus_fingerprint, demo_corpus, load_records
 
 DEMO_DOCS = 1500
 
 
-def build_data(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokenizer, PackedLoader, str]:
+def build_data(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokenizer, PackedLoader | SampleLoader, str]:
     """(tokenizer, loader, format). The trained BPE has min(data.tokenizer.vocabSize, model vocab) tokens."""
     records: list[dict[str, Any]]
     texts: list[str]
@@ -38,4 +43,18 @@ def build_data(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokeni
     docs: list[EncodedDoc] = [
         encode_text(tok, r["text"]) if fmt == "text" else encode_chat(tok, r["messages"]) for r in records
     ]
-    return tok, PackedLoader(docs, cfg.seed), fmt
+    if fmt == "text":
+        return tok, PackedLoader(docs, cfg.seed), fmt
+    pad = tok.token_to_id(PAD)
+    return tok, SampleLoader(docs, cfg.seed, 0 if pad is None else int(pad)), fmt
+
+
+def packing_line(loader: PackedLoader | SampleLoader, seq_len: int) -> str | None:
+    """What the SFT packing policy does to this corpus at ``seq_len`` (None for streamed text)."""
+    if not isinstance(loader, SampleLoader):
+        return None
+    c = policy_counts(loader.docs, seq_len)
+    lengths = sorted(len(d.ids) for d in loader.docs)
+    return (f"sft packing at seqLen {seq_len}: {len(lengths)} samples ({lengths[0]}-{lengths[-1]} tokens, median "
+            f"{lengths[len(lengths) // 2]}): {c['whole']} whole, {c['truncated']} truncated (answer tail cut), "
+            f"{c['dropped']} dropped (prompt longer than seqLen)")

@@ -1,4 +1,7 @@
-"""Deterministic, resumable loader: documents shuffled per epoch by (seed, epoch), packed, read in order.
+"""Deterministic, resumable loaders: documents shuffled per epoch by (seed, epoch), packed, read in order.
+
+:class:`PackedLoader` (text) cuts one stream of documents into windows; :class:`SampleLoader` (chat / SFT)
+packs whole samples per window.
 
 State is (epoch, offset in tokens into that epoch's stream); a resumed loader yields exactly the
 batches the uninterrupted one would have.
@@ -12,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trex.trainer.data.packing import EncodedDoc, Stream, concat, window
+from trex.trainer.data.packing import EncodedDoc, Stream, concat, fit, pack_samples, window
 
 
 class PackedLoader:
@@ -61,3 +64,82 @@ class PackedLoader:
             raise ValueError(f"checkpoint data seed {state['seed']} differs from data.seed {self.seed}")
         self.epoch = int(state["epoch"])
         self.offset = int(state["offset"])
+
+
+class SampleLoader:
+    """SFT loader: chat samples packed whole into windows (see :func:`~trex.trainer.data.packing.fit`).
+
+    Each epoch visits the samples in an order shuffled by (seed, epoch); a window takes the next samples
+    while they fit and is padded; a sample longer than the window is truncated or dropped by the packing
+    policy. State is (epoch, cursor into that epoch's order), so a resumed loader yields exactly the batches
+    the uninterrupted one would have, whatever sequence length each step asks for.
+    """
+
+    def __init__(self, docs: Sequence[EncodedDoc], seed: int, pad_id: int) -> None:
+        if not docs:
+            raise ValueError("no documents to train on")
+        self.docs = list(docs)
+        self.seed = seed
+        self.pad_id = pad_id
+        self.epoch = 0
+        self.cursor = 0
+        self.counts = {"whole": 0, "truncated": 0, "dropped": 0}
+        """Samples placed whole, truncated and dropped so far (in this process)."""
+        self.total_tokens = sum(len(d.ids) for d in self.docs)
+        self._order: np.ndarray | None = None
+        self._order_epoch = -1
+
+    def _next_doc(self) -> EncodedDoc:
+        if self._order is None or self._order_epoch != self.epoch:
+            self._order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.docs))
+            self._order_epoch = self.epoch
+        return self.docs[int(self._order[self.cursor])]
+
+    def _advance(self) -> None:
+        self.cursor += 1
+        if self.cursor == len(self.docs):
+            self.epoch, self.cursor = self.epoch + 1, 0
+
+    def _row(self, seq_len: int) -> dict[str, np.ndarray]:
+        picked: list[EncodedDoc] = []
+        used = 0
+        for _ in range(len(self.docs)):  # at most one pass: a pass of dropped samples means none can fit
+            doc = self._next_doc()
+            verdict = fit(doc, seq_len)
+            if verdict == "dropped":
+                self.counts["dropped"] += 1
+                self._advance()
+                continue
+            if verdict == "truncated":
+                if picked:
+                    break  # it starts the next window
+                self.counts["truncated"] += 1
+                self._advance()
+                return pack_samples([doc], seq_len, self.pad_id)
+            if used + len(doc.ids) > seq_len:
+                break
+            picked.append(doc)
+            used += len(doc.ids)
+            self.counts["whole"] += 1
+            self._advance()
+        if not picked:
+            raise ValueError(f"data.seqLen: no sample's prompt fits a window of {seq_len} tokens")
+        return pack_samples(picked, seq_len, self.pad_id)
+
+    def next_batch(self, batch: int, seq_len: int, rank: int = 0, world: int = 1) -> dict[str, torch.Tensor]:
+        """The next ``batch`` windows for ``rank`` out of ``batch x world`` built for all ranks."""
+        rows = [self._row(seq_len) for _ in range(batch * world)][rank * batch:(rank + 1) * batch]
+        return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Data position: epoch and cursor (and the seed it applies to)."""
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`."""
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"checkpoint data seed {state['seed']} differs from data.seed {self.seed}")
+        if "cursor" not in state:
+            raise ValueError("checkpoint data position is a token offset (text packing), not an SFT sample cursor")
+        self.epoch = int(state["epoch"])
+        self.cursor = int(state["cursor"])

@@ -1,8 +1,11 @@
 """Encode documents (plain text or chat) and pack them into fixed-length sequences, keeping boundaries.
 
-A packed window of T tokens carries: input_ids; doc_ids (0, 1, ... per document fragment in the
-window); position_ids restarting at 0 for every fragment; labels = the next token when it belongs to
-the same document and is a loss token, else -100; loss_mask = (labels != -100).
+Text (pretrain / CPT) documents are concatenated into one stream cut into windows, so a long document
+continues in the next window. Chat (SFT) samples are packed whole (:func:`pack_samples`): a window holds
+complete samples and padding, never a sample's prompt without its answer. A packed window of T tokens
+carries: input_ids; doc_ids (0, 1, ... per document fragment in the window); position_ids restarting
+at 0 for every fragment; labels = the next token when it belongs to the same document and is a loss
+token, else -100; loss_mask = (labels != -100).
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from trex.prompt_contract import BOS, END, EOS, role_token
+
 IGNORE = -100
-ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True)
@@ -40,22 +44,23 @@ def encode_text(tok: Tokenizer, text: str) -> EncodedDoc:
 
 
 def encode_chat(tok: Tokenizer, messages: Sequence[dict[str, Any]]) -> EncodedDoc:
-    """Chat template: <|bos|> then per message <|role|> content <|end|>, then <|eos|>.
+    """The prompt contract's chat layout: <|bos|> then per message <|role|> content <|end|>, then <|eos|>.
 
     Loss only on assistant content and the assistant's closing <|end|> (the model learns to stop).
     """
-    ids: list[int] = [_special(tok, "<|bos|>")]
+    ids: list[int] = [_special(tok, BOS)]
     mask: list[int] = [0]
-    end = _special(tok, "<|end|>")
+    end = _special(tok, END)
     for i, m in enumerate(messages):
-        role = m["role"]
-        if role not in ROLES:
-            raise ValueError(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
+        try:
+            opener = role_token(m["role"])
+        except ValueError as e:
+            raise ValueError(f"messages[{i}].{e}") from None
         body = tok.encode(m["content"], add_special_tokens=False).ids
-        target = 1 if role == "assistant" else 0
-        ids += [_special(tok, f"<|{role}|>"), *body, end]
+        target = 1 if m["role"] == "assistant" else 0
+        ids += [_special(tok, opener), *body, end]
         mask += [0] + [target] * len(body) + [target]
-    ids.append(_special(tok, "<|eos|>"))
+    ids.append(_special(tok, EOS))
     mask.append(0)
     return EncodedDoc(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8))
 
@@ -103,3 +108,39 @@ def window(stream: Stream, start: int, seq_len: int) -> dict[str, np.ndarray]:
         "doc_ids": local_doc.astype(np.int64),
         "loss_mask": (labels != IGNORE).astype(np.float32),
     }
+
+
+# --- whole-sample packing (SFT) ------------------------------------------------------------------------
+def first_target(doc: EncodedDoc) -> int:
+    """Index of the document's first loss token (its prompt length); len(doc) when it has none."""
+    hits = np.flatnonzero(doc.mask)
+    return int(hits[0]) if hits.size else len(doc.ids)
+
+
+def fit(doc: EncodedDoc, seq_len: int) -> str:
+    """The packing policy for one sample and window length: "whole" when the sample fits (len <= seq_len);
+    else "truncated" when its prompt ends inside the window (the answer's tail is cut, loss on the kept
+    answer tokens); else "dropped" (a window of prompt only teaches nothing)."""
+    if len(doc.ids) <= seq_len:
+        return "whole"
+    return "truncated" if first_target(doc) <= seq_len else "dropped"
+
+
+def policy_counts(docs: Sequence[EncodedDoc], seq_len: int) -> dict[str, int]:
+    """How many samples :func:`fit` keeps whole, truncates and drops at ``seq_len``."""
+    out = {"whole": 0, "truncated": 0, "dropped": 0}
+    for d in docs:
+        out[fit(d, seq_len)] += 1
+    return out
+
+
+def pack_samples(docs: Sequence[EncodedDoc], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """One window of ``seq_len`` tokens holding ``docs`` whole (their lengths must sum to <= seq_len), or one
+    truncated sample (a single doc longer than seq_len); padding is a context-only fragment of ``pad_id``."""
+    used = sum(len(d.ids) for d in docs)
+    if len(docs) == 1 and used > seq_len:
+        return window(concat(docs, [0]), 0, seq_len)
+    if used > seq_len:
+        raise ValueError(f"samples of {used} tokens do not fit a window of {seq_len}")
+    pad = EncodedDoc(np.full(seq_len - used + 1, pad_id, np.int64), np.zeros(seq_len - used + 1, np.int8))
+    return window(concat([*docs, pad], range(len(docs) + 1)), 0, seq_len)

@@ -7,18 +7,24 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
-)
-"""Specials every trainer tokenizer has (ids 0..6 when trained here): padding, document bounds, chat roles."""
+from trex.prompt_contract import SPECIAL_TOKENS
+
+DIGIT_GROUPS = r"\p{N}{1,3}"
+"""Numbers are cut into groups of at most three digits before BPE, as DeepSeek-V3's tokenizer does (so a
+merge never spans a number's digits and 1234 is always "123" "4")."""
+PRETOKENIZER_VERSION = "digits3"
+"""Part of the cache key: a tokenizer trained under another pre-tokenizer is never reused."""
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """Train a byte-level BPE (every byte representable, specials first) on ``texts``."""
+    """Train a byte-level BPE (every byte representable, specials first, digit groups isolated) on ``texts``."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(DIGIT_GROUPS), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
@@ -44,7 +50,8 @@ def load_or_train(path: str | None, texts: Iterable[str], vocab_size: int, cache
         tok = Tokenizer.from_file(path)
         check_specials(tok, "data.tokenizer.path")
         return tok
-    key = hashlib.sha256(f"{corpus_id}:{vocab_size}:{','.join(SPECIAL_TOKENS)}".encode()).hexdigest()[:16]
+    spec = f"{corpus_id}:{vocab_size}:{','.join(SPECIAL_TOKENS)}:{PRETOKENIZER_VERSION}"
+    key = hashlib.sha256(spec.encode()).hexdigest()[:16]
     cached = cache_dir / f"tokenizer-{key}.json"
     if cached.is_file():
         return Tokenizer.from_file(str(cached))
