@@ -45,7 +45,7 @@ def test_cluster_path_creates_then_replaces(kubeconfig: EmulatorThread, capsys: 
               if ns == "demo-ns" and not obj.deleted}
     assert {name for _plural, name in stored} == {d["metadata"]["name"] for d in docs}
     train = stored[("trainjobs", "quickstart-train")]
-    assert train["apiVersion"] == API_VERSION and train["spec"]["trainer"]["maxSteps"] == 20
+    assert train["apiVersion"] == API_VERSION and train["spec"]["trainer"]["maxSteps"] == 8  # the quick cut
 
     docs[2]["spec"]["trainer"]["maxSteps"] = 7                   # TrainJob: apply order ORData, Kernels, Train, Eval
     assert run_cluster(docs, None, timeout_s=1.0) == 1

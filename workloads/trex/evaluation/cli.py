@@ -162,6 +162,7 @@ def cmd_run(argv: list[str]) -> int:
             progress["p"].__exit__(None, None, None)
     write_reports(outcome.out_dir, outcome.summary)
     write_termination_summary(termination_summary(outcome.summary))
+    exporter.wait_for_scrape()  # the final Pass@1 gauges reach Prometheus before the pod exits
     for name, s in outcome.summary["benchmarks"].items():
         extra = f" structural={100 * s['structural_accuracy']:.1f}%" if s.get("structural_accuracy") is not None else ""
         p1 = s.get("pass@1")

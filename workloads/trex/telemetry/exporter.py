@@ -3,9 +3,32 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 from trex.telemetry.metrics import spec
+
+FINAL_SCRAPE_WAIT_S = 30.0
+"""How long a finished batch workload keeps serving for one more scrape of its final values (Prometheus'
+usual intervals are 15-30 s; a pod that exits first takes its last results with it)."""
+
+
+class _ScrapeClock:
+    """A collector that yields nothing and records when the registry was last scraped."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.cond = threading.Condition()
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        with self.cond:
+            self.last = time.monotonic()
+            self.cond.notify_all()
+        return []
 
 
 class Exporter:
@@ -18,6 +41,8 @@ class Exporter:
         self.registry = CollectorRegistry()
         self._m: dict[str, Any] = {}
         self.port: int | None = None
+        self._clock = _ScrapeClock()
+        self.registry.register(self._clock)  # type: ignore[arg-type]
 
     def metric(self, name: str, **labels: str) -> Any:
         """The metric (or its labelled child) for ``name``, created on first use."""
@@ -44,6 +69,15 @@ class Exporter:
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         self.port = int(server.server_address[1])
         return self.port
+
+    def wait_for_scrape(self, timeout_s: float = FINAL_SCRAPE_WAIT_S) -> bool:
+        """When serving: block until the endpoint is scraped once more (so final values reach Prometheus)
+        or ``timeout_s`` passes; True when a scrape came. Not serving: returns False at once."""
+        if self.port is None:
+            return False
+        start = time.monotonic()
+        with self._clock.cond:
+            return self._clock.cond.wait_for(lambda: self._clock.last > start, timeout=timeout_s)
 
     def render(self) -> str:
         """Text exposition of the current values."""
