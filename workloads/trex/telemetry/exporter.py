@@ -42,7 +42,7 @@ class Exporter:
         self._m: dict[str, Any] = {}
         self.port: int | None = None
         self._clock = _ScrapeClock()
-        self.registry.register(self._clock)  # type: ignore[arg-type]
+        self.registry.register(self._clock)
 
     def metric(self, name: str, **labels: str) -> Any:
         """The metric (or its labelled child) for ``name``, created on first use."""
