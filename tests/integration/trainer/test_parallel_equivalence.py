@@ -57,6 +57,16 @@ def _cfg(ckpt: Path, layout: dict[str, Any], steps: int = STEPS, interval: int =
     })
 
 
+def _example_cfg(ckpt: Path) -> TrainerConfig:
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).parents[3] / "examples" / "trainjob-v4-flash-cpu.yaml").read_text())
+    trainer = doc["spec"]["trainer"]
+    trainer["checkpoint"] = {**trainer["checkpoint"], "dir": str(ckpt), "exportHf": False}
+    trainer["maxSteps"] = 1
+    return load_section(TrainerConfig, trainer)
+
+
 def _run(cfg: TrainerConfig, out: Path, group: Any, until: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor], Any]:
     tr = Trainer(cfg, out, group=group, measure_peak=False, log=lambda _m: None)
     res = tr.run(until)
@@ -114,6 +124,11 @@ def _worker(rank: int, world: int, out: str, layouts: dict[str, dict[str, Any]])
             if rank == 0:
                 (root / f"{name}.json").write_text(json.dumps(losses))
                 torch.save(state, root / f"{name}.pt")
+        if world == 4:  # the CPU copy of the flagship example runs its own layout (ep2 x etp2 on 2 x 2)
+            losses, _, tr = _run(_example_cfg(root / "example"), root, dist.group.WORLD, 1)
+            if rank == 0:
+                (root / "example.json").write_text(json.dumps({"losses": losses, "step": tr.step,
+                                                               "dims": [tr.dims.edp, tr.dims.ep, tr.dims.etp]}))
         # Resharding: steps 1-2 at 4 ranks (dp2 x ep2), 3-4 at 2 ranks (ep2), 5-6 in one process (the test).
         until = {4: 2, 2: 4}[world]
         losses, _, _ = _run(_cfg(root / "reshard", {"ep": 2}, RESHARD_STEPS, 2), root, dist.group.WORLD, until)
@@ -176,3 +191,11 @@ def test_checkpoint_reshards_from_four_ranks_to_two_to_one(runs: Path, tmp_path:
     one, _, tr = _run(_cfg(runs / "reshard", {}, RESHARD_STEPS, 2), runs, None, RESHARD_STEPS)
     assert len(one) == 2 and tr.step == RESHARD_STEPS
     assert four + two + one == pytest.approx(ref, abs=1e-10, rel=0)
+
+
+@pytest.mark.slow
+def test_cpu_copy_of_the_flagship_runs_its_layout(runs: Path) -> None:
+    """examples/trainjob-v4-flash-cpu.yaml, which `trex validate` accepts, trains a step at its world size."""
+    got = json.loads((runs / "example.json").read_text())
+    assert got["step"] == 1 and got["dims"] == [1, 2, 2]
+    assert len(got["losses"]) == 1 and 0 < got["losses"][0] < 20
