@@ -317,7 +317,19 @@ class KernelTuneJobSpec(CommonSpec):
         return self
 
 
-class ORDataJobSpec(CommonSpec):
+class SandboxedPods(TrexModel):
+    """Pods that run untrusted programs (generated solver code, model answers) may use a sandboxing runtime."""
+
+    runtime_class_name: str | None = Field(default=None, json_schema_extra=_DNS_SCHEMA)
+    """RuntimeClass of these pods (e.g. gVisor or Kata nodes); unset: the cluster's default runtime."""
+
+    @field_validator("runtime_class_name")
+    @classmethod
+    def _runtime_class(cls, v: str | None) -> str | None:
+        return None if v is None else check_dns1123_label(v, "runtimeClassName:")
+
+
+class ORDataJobSpec(CommonSpec, SandboxedPods):
     """An ORDataJob: an Indexed Job with one completion per shard, then a merge Job."""
 
     ordata: ORDataConfig
@@ -343,7 +355,7 @@ class ServerSpec(TrexModel):
     """Extra requests/limits."""
 
 
-class EvalJobSpec(CommonSpec):
+class EvalJobSpec(CommonSpec, SandboxedPods):
     """An EvalJob: evaluation pod(s), optionally with an operator-managed model server."""
 
     evaluation: EvalConfig

@@ -332,6 +332,9 @@ def pod(job: JobCtx, spec: CommonSpec, *, name: str, role: str, attempt: int, co
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
+    runtime_class = getattr(spec, "runtime_class_name", None)  # ORData and eval pods run untrusted programs
+    if runtime_class:
+        pod_spec["runtimeClassName"] = runtime_class
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata(job, name, labels, annotations or None),
             "spec": pod_spec}
 
