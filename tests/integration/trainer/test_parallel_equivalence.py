@@ -57,6 +57,17 @@ def _cfg(ckpt: Path, layout: dict[str, Any], steps: int = STEPS, interval: int =
     })
 
 
+def _bytes(cfg: TrainerConfig, tr: Any, world: int) -> dict[str, dict[str, int]]:
+    """Rank 0's measured local bytes of parameters and optimizer states, and the memory plan's."""
+    from trex.trainer.mfu import DEVICES
+    from trex.trainer.plan import measured_state_bytes, plan_memory
+
+    plan = plan_memory(cfg, world, DEVICES["cpu"], capacity=1 << 40)
+    measured = measured_state_bytes(tr.model, tr.opts)
+    keys = ("params", "muon_state", "adamw_state")
+    return {"measured": {k: measured[k] for k in keys}, "plan": {k: int(getattr(plan, k)) for k in keys}}
+
+
 def _example_cfg(ckpt: Path) -> TrainerConfig:
     import yaml
 
@@ -120,10 +131,12 @@ def _worker(rank: int, world: int, out: str, layouts: dict[str, dict[str, Any]])
         if world == 2:
             _dispatch_degenerate(root)
         for name, layout in layouts.items():
-            losses, state, _ = _run(_cfg(root / name, layout), root, dist.group.WORLD)
+            cfg = _cfg(root / name, layout)
+            losses, state, tr = _run(cfg, root, dist.group.WORLD)
             if rank == 0:
                 (root / f"{name}.json").write_text(json.dumps(losses))
                 torch.save(state, root / f"{name}.pt")
+                (root / f"{name}-bytes.json").write_text(json.dumps(_bytes(cfg, tr, world)))
         if world == 4:  # the CPU copy of the flagship example runs its own layout (ep2 x etp2 on 2 x 2)
             losses, _, tr = _run(_example_cfg(root / "example"), root, dist.group.WORLD, 1)
             if rank == 0:
@@ -199,3 +212,13 @@ def test_cpu_copy_of_the_flagship_runs_its_layout(runs: Path) -> None:
     got = json.loads((runs / "example.json").read_text())
     assert got["step"] == 1 and got["dims"] == [1, 2, 2]
     assert len(got["losses"]) == 1 and 0 < got["losses"][0] < 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [*WORLD2, *WORLD4])
+def test_memory_plan_equals_the_bytes_a_rank_holds(layout: str, runs: Path) -> None:
+    """trex plan's per-device parameters, Muon and AdamW state against rank 0's local shards: within 5 %."""
+    got = json.loads((runs / f"{layout}-bytes.json").read_text())
+    for key, planned in got["plan"].items():
+        measured = got["measured"][key]
+        assert measured > 0 and abs(measured - planned) <= 0.05 * planned, (key, measured, planned)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from trex.trainer.optim.build import Optimizers
 
 Placement = Literal["experts", "moe", "tp_col", "tp_row", "replicated"]
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp64": 8}
 _ATTN_TP_COL = frozenset({"q_proj", "q_b_proj", "kv_b_proj"})
 _ATTN_TP_ROW = frozenset({"o_proj"})
 _V4_TP_COL = frozenset({"q_b_proj", "o_a_proj"})
@@ -112,7 +112,8 @@ def _unit(name: str) -> str:
 def _census(values: tuple[tuple[str, Any], ...]) -> Census:
     from trex.trainer.model import ModelArgs, build_model_from_args
 
-    model = build_model_from_args(ModelArgs.from_values(dict(values)), device="meta")
+    shape = {k: list(v) if isinstance(v, tuple) else v for k, v in values}  # lists were made hashable
+    model = build_model_from_args(ModelArgs.from_values(shape), device="meta")
     roles = model.param_roles()
     modules = dict(model.named_modules())
     out: list[ParamInfo] = []
@@ -129,7 +130,7 @@ def _census(values: tuple[tuple[str, Any], ...]) -> Census:
 
 def census(values: Mapping[str, Any]) -> Census:
     """The parameters of the model the resolved shape ``values`` builds (cached per shape)."""
-    return _census(tuple(sorted(values.items())))
+    return _census(tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in values.items())))
 
 
 @dataclass(frozen=True)
@@ -306,8 +307,8 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
     lay = Layout.of(cfg, world)
     sharded = world > 1
     model_bytes = _DTYPE_BYTES[cfg.model.dtype]
-    store = 4 if sharded else model_bytes
-    act = 2 if "bf16" in (cfg.model.dtype, cfg.model.autocast) else 4
+    store = max(model_bytes, 4) if sharded else model_bytes  # fp32 masters for bf16; fp64 stays fp64
+    act = 2 if "bf16" in (cfg.model.dtype, cfg.model.autocast) else max(model_bytes, 4)
     local = {p.name: math.prod(local_shape(p, lay)) for p in c.params}
     n_params = sum(local.values())
     muon = sum(local[p.name] for p in c.params if p.role == "muon")
