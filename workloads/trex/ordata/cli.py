@@ -101,6 +101,8 @@ def _generate(args: argparse.Namespace) -> int:
         summary["shards"].append({"index": i, "accepted": c["accepted"], "planned": c["planned"],
                                   "skipped": rep.skipped})
     write_termination_summary(summary)
+    if exporter is not None:
+        exporter.wait_for_scrape()  # the shard's final outcome counters reach Prometheus before the pod exits
     return 0
 
 
