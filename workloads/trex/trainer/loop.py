@@ -207,7 +207,7 @@ class Trainer:
         except ValueError as e:
             field_path, _, rest = str(e).partition(": ")
             raise ConfigProblem(field_path, rest) from None
-        self.dp_rank, self.tp_rank = dense_coordinates(self.dims, self.rank)
+        self.dp_rank, _tp_rank = dense_coordinates(self.dims, self.rank)  # tp ranks read the same batch
         problems = config_problems(cfg, dp=self.dims.dp)
         if problems:
             raise ConfigProblem(*problems[0])
