@@ -100,22 +100,11 @@ def test_crd_schema_is_structural(kind: str) -> None:
 
 
 def _strict_jsonschema(node: Any) -> Any:
-    """The CRD schema as the API server applies it with strict field validation, for jsonschema."""
-    if isinstance(node, list):
-        return [_strict_jsonschema(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _strict_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
-    if node.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out = {"anyOf": [{"type": "integer"}, {"type": "string"}], **out}
-    if "properties" in out and "additionalProperties" not in out and not node.get("x-kubernetes-preserve-unknown-fields"):
-        out["additionalProperties"] = False
-    if out.pop("nullable", False) and "type" in out:
-        out["type"] = [out["type"], "null"]
-    if "enum" in out and isinstance(out.get("type"), list):
-        out["enum"] = [*out["enum"], None]
-    return out
+    """The CRD schema as the API server applies it with strict field validation (the local API server's
+    translation, which its own tests check against kubectl's behaviour)."""
+    from trex_operator.local.apimachinery import strict_jsonschema
+
+    return strict_jsonschema(node)
 
 
 def _schema_errors(doc: dict[str, Any]) -> list[str]:
