@@ -288,6 +288,9 @@ class TrainJobSpec(CommonSpec):
         if self.device_model is not None and DEVICES[self.device_model].device_type != self.device_type:
             raise ValueError(f"deviceModel: {self.device_model!r} is a {DEVICES[self.device_model].device_type} "
                              f"device; deviceType is {self.device_type!r}")
+        if self.trainer.model.dtype == "fp64" and self.device_type != "cpu":
+            raise ValueError(f"trainer.model.dtype: fp64 is for CPU reference runs; deviceType {self.device_type!r} "
+                             "trains in fp32 or bf16")
         # `trex plan` reads a job that may break the trainer rules (context rules=False) to show its plan.
         if not (isinstance(info.context, dict) and info.context.get("rules") is False):
             capacity = self.device_capacity()

@@ -259,3 +259,12 @@ def test_tp_must_divide_the_micro_batch_of_moe_layers() -> None:
     with pytest.raises(ValueError, match=r"parallelism.tp.*microBatchSize"):
         load_section(TrainJob, _train(1, 8, 2, tp=4))
     load_section(TrainJob, _train(1, 8, 4, tp=4))
+
+
+def test_fp64_reference_runs_are_cpu_only() -> None:
+    doc = _train(1, 8, 4)
+    doc["spec"]["trainer"]["model"]["dtype"] = "fp64"
+    load_section(TrainJob, doc)  # a CPU job
+    doc["spec"]["deviceType"] = "gpu"
+    with pytest.raises(ValueError, match=r"trainer.model.dtype: fp64 is for CPU reference runs"):
+        load_section(TrainJob, doc)
