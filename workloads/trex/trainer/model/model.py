@@ -11,6 +11,7 @@ from torch import nn
 from trex.trainer.model.args import ModelArgs
 from trex.trainer.model.attention import AttnContext, build_attention
 from trex.trainer.model.hc import HyperConnection, HyperHead
+from trex.trainer.model.init import Init, constant, explicit, fill, normal
 from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin, upcast
 from trex.trainer.model.moe import Gate, GroupedExperts, MoE
 from trex.trainer.model.v4attention import Pool, V4Attention
@@ -171,30 +172,45 @@ class DeepSeekModel(nn.Module):
         self.mtp = nn.ModuleList(MTPModule(args, seed, args.num_layers + k) for k in range(args.mtp_depth))
 
     # --- initialisation ------------------------------------------------------------------
+    def init_spec(self) -> dict[str, Init]:
+        """How every parameter and buffer starts: Normal(0, init_std) GEMM/embedding weights, unit norms,
+        mHC near a plain residual, zero sinks, biases and position biases, the hash routers' fixed tables.
+        Values depend on (seed, name, index) only (trex.trainer.model.init), never on a layout."""
+        std = normal(self.args.init_std)
+        spec: dict[str, Init] = {}
+        for mod_name, mod in self.named_modules():
+            here: dict[str, Init] = {}
+            if isinstance(mod, nn.Linear | nn.Embedding | Gate):
+                here["weight"] = std
+            if isinstance(mod, GroupedExperts):
+                here.update(gate_proj=std, up_proj=std, down_proj=std)
+            if isinstance(mod, Gate):
+                here["e_score_correction_bias"] = constant(0.0)
+                if mod.hash_routed:
+                    here["tid2eid"] = explicit(mod.hash_table)
+            if isinstance(mod, RMSNorm):
+                here["weight"] = constant(1.0)
+            if isinstance(mod, HyperConnection | HyperHead):
+                here.update(fn=std, scale=constant(0.01), base=explicit(mod.static_base))
+            if isinstance(mod, V4Attention):
+                here["sinks"] = constant(0.0)
+            if isinstance(mod, Pool):
+                here["position_bias"] = constant(0.0)
+            spec.update({f"{mod_name}.{k}" if mod_name else k: v for k, v in here.items()})
+        tensors = [n for n, _ in self.named_parameters()] + [n for n, _ in self.named_buffers()]
+        missing = sorted(set(tensors) - set(spec))
+        if missing:
+            raise ValueError(f"no initial value for {missing[:5]}")
+        return {n: spec[n] for n in tensors}
+
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
-        """Normal(0, init_std) GEMM/embedding weights, unit norms, mHC near a plain residual. No-op data on meta."""
-        dev = self.embed_tokens.weight.device
-        gen = None if dev.type == "meta" else torch.Generator(device=dev).manual_seed(seed)
-        std = self.args.init_std
-        for mod in self.modules():
-            if isinstance(mod, nn.Linear | nn.Embedding):
-                mod.weight.normal_(0.0, std, generator=gen)
-            elif isinstance(mod, GroupedExperts):
-                for p in (mod.gate_proj, mod.up_proj, mod.down_proj):
-                    p.normal_(0.0, std, generator=gen)
-            elif isinstance(mod, Gate):
-                mod.weight.normal_(0.0, std, generator=gen)
-                mod.e_score_correction_bias.zero_()
-            elif isinstance(mod, RMSNorm):
-                mod.weight.fill_(1.0)
-            elif isinstance(mod, HyperConnection | HyperHead):
-                mod.fn.normal_(0.0, std, generator=gen)
-                mod.reset_static()
-            elif isinstance(mod, V4Attention):
-                mod.sinks.zero_()
-            elif isinstance(mod, Pool):
-                mod.position_bias.zero_()
+        """Write init_spec's values for ``seed`` into every (plain, materialised) tensor; no-op on meta."""
+        if self.embed_tokens.weight.device.type == "meta":
+            return
+        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
+        for name, init in self.init_spec().items():
+            fill(tensors[name], init, name, seed)
 
     # --- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -319,8 +335,8 @@ def build_model_from_args(args: ModelArgs, device: torch.device | str | None = N
     dev = torch.device(device) if device is not None else torch.device("cpu")
     with dev:
         model = DeepSeekModel(args, seed=seed)
-    model.init_weights(seed)
     model.to(dtype)
     for _, gate in model.moe_gates():
         gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
+    model.init_weights(seed)  # after the cast: values are drawn in the tensors' own dtypes (as on meta)
     return model
