@@ -9,16 +9,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from trex.config_base import format_validation_error, load_section
+from trex.config_base import config_data, dump_config, resolve_config
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trex ordata", description="Solver-verified OR data pipeline.")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="Generate one shard (or all shards in turn).")
-    g.add_argument("--config", help="YAML file (ORDataConfig, optionally under a top-level 'ordata' key).")
+    g.add_argument("--config", help="YAML file: an ORDataConfig, optionally under a top-level 'ordata' key, or "
+                   "an ORDataJob manifest (its spec.ordata).")
+    g.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="overrides",
+                   help="Override one field, camelCase path (repeatable), e.g. --set shards.numShards=4.")
+    g.add_argument("--print-config", action="store_true", help="Print the resolved config (YAML) and exit.")
     g.add_argument("--count", type=int, help="Instances in total over all shards.")
     g.add_argument("--seed", type=int, help="Master seed.")
     g.add_argument("--families", help="Comma-separated family names (keeps their configured sizes/weights).")
@@ -35,18 +37,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load_config(args: argparse.Namespace) -> Any:
-    """Config from YAML plus CLI overrides, validated as a whole (raises ValidationError)."""
-    import yaml
-
+    """Config from YAML, the flags, then the --set overrides, validated as a whole (raises ConfigError)."""
     from trex.ordata.config import FAMILY_NAMES, ORDataConfig
 
-    data: dict[str, Any] = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{args.config}: the top level must be a mapping")
-        data = dict(loaded.get("ordata", loaded)) if isinstance(loaded.get("ordata", loaded), dict) else {}
+    data = config_data(args.config, "ORDataJob", "ordata")
     if args.count is not None:
         data["count"] = args.count
     if args.seed is not None:
@@ -62,22 +56,20 @@ def _load_config(args: argparse.Namespace) -> Any:
             raise ValueError(f"families: unknown family {bad[0]!r} (allowed: {', '.join(FAMILY_NAMES)})")
         given = {f["name"]: f for f in data.get("families", []) if isinstance(f, dict) and "name" in f}
         data["families"] = [given.get(f, {"name": f}) for f in wanted]
-    return load_section(ORDataConfig, data)
+    return resolve_config(ORDataConfig, data, args.overrides)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import yaml
-
     from trex.ordata.pipeline import run_shard
 
     try:
         cfg = _load_config(args)
-    except ValidationError as err:
-        print(f"trex ordata: invalid config: {format_validation_error(err)[0]}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError, yaml.YAMLError) as err:
+    except ValueError as err:
         print(f"trex ordata: invalid config: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
     num = cfg.shards.num_shards
     idx = args.shard_index
     if idx is None and os.environ.get("JOB_COMPLETION_INDEX", "").strip():
