@@ -79,8 +79,8 @@ def read_yaml(path: str | Path) -> Any:
 
 
 def config_section(data: Any, kind: str, section: str, path: str | Path = "--config") -> Any:
-    """The workload config in a file: a ``kind`` manifest's ``spec.<section>``, a top-level ``section:``, or
-    the whole file (empty: ``{}``)."""
+    """The workload config in a file: a ``kind`` manifest's ``spec.<section>``, a top-level ``section:``
+    mapping, or the whole file (empty: ``{}``)."""
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -93,7 +93,8 @@ def config_section(data: Any, kind: str, section: str, path: str | Path = "--con
         if not isinstance(spec, dict) or section not in spec:
             raise ConfigError(f"{path}: spec.{section}: required field is missing")
         return spec[section]
-    return data.get(section, data) if section in data else data
+    # a mapping under `section:` is the section (KernelTuneConfig's own `kernels` field is a list)
+    return data[section] if isinstance(data.get(section), dict) else data
 
 
 _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")

@@ -153,9 +153,9 @@ def cmd_run(argv: list[str]) -> int:
     def on_progress(done: int, total: int) -> None:
         if args.quiet:
             return
-        if "p" not in progress:
+        if "p" not in progress:  # first call: before any request, with the samples a rerun resumes
             progress["p"] = Progress("eval", total).__enter__()
-            progress["p"].done = done - 1
+            progress["p"].done = done
         progress["p"].update(done - progress["p"].done)
 
     try:
