@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--metrics-port", type=int, help="Serve Prometheus metrics (default: TREX_METRICS_PORT if set).")
     m = sub.add_parser("merge", help="Dedup across finished shards and write merged/ and the summary.")
     m.add_argument("dir")
+    m.add_argument("--json", action="store_true", help="Print the summary as one JSON line instead of a table.")
     s = sub.add_parser("show", help="Pretty-print one sample: SAMPLE_ID (searched under --dir) or FILE:LINE.")
     s.add_argument("ref")
     s.add_argument("--dir", default=".", help="Folder searched for a sample id (default: current folder).")
@@ -121,10 +122,30 @@ def _merge(args: argparse.Namespace) -> int:
     summary = {"kind": "ORDataJob", "samples": manifest["samples"], "accepted": c["accepted"],
                "planned": c["planned"], "generated": c["generated"], "solved": c["solved"],
                "verified": c["verified"], "duplicates": c["duplicates"],
-               "cross_shard_duplicates": manifest["cross_shard_duplicates"], "rejected": c["rejected"]}
+               "crossShardDuplicates": manifest["cross_shard_duplicates"], "rejected": c["rejected"]}
     write_termination_summary(summary)
-    print(json.dumps(summary, sort_keys=True))
+    print(json.dumps(summary, sort_keys=True) if args.json else merge_table(summary, args.dir))
     return 0
+
+
+MERGE_ROWS = ("planned", "generated", "solved", "verified", "accepted", "duplicates", "samples")
+
+
+def merge_table(summary: dict[str, Any], folder: str) -> str:
+    """The merge outcome as an aligned table (camelCase names, the keys of the termination summary):
+    the pipeline's counts, then duplicates across shards and rejections by reason."""
+    rows = [(k, summary[k]) for k in MERGE_ROWS]
+    cross = summary["crossShardDuplicates"]
+    rows.append(("crossShardDuplicates", sum(cross.values())))
+    rows += [(f"  {reason}", n) for reason, n in sorted(cross.items())]
+    rows.append(("rejected", sum(summary["rejected"].values())))
+    rows += [(f"  {reason}", n) for reason, n in sorted(summary["rejected"].items())]
+    width = max(len(k) for k, _ in rows)
+    num = max(len(str(v)) for _, v in rows)
+    lines = [f"merged {folder}: {summary['samples']} samples in {Path(folder) / 'merged'}",
+             f"{'COUNT'.ljust(width)}  {'N'.rjust(num)}"]
+    lines += [f"{k.ljust(width)}  {str(v).rjust(num)}" for k, v in rows]
+    return "\n".join(lines)
 
 
 def _find(ref: str, folder: str) -> dict[str, Any] | None:
