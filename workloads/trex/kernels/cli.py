@@ -47,7 +47,7 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         data["dtypes"] = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.no_compile:
         data["compareCompile"] = False
-    budget = dict(data.get("budget", {}))
+    budget = dict(data.get("budget") or {})
     for k, v in (("trials", args.budget_trials), ("seconds", args.budget_seconds), ("samples", args.samples)):
         if v is not None:
             budget[k] = v
