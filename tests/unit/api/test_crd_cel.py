@@ -197,3 +197,27 @@ def test_the_shipped_crds_carry_the_rules() -> None:
         shipped = yaml.safe_load((ROOT / "crds" / f"trex.dev_{plural}.yaml").read_text())
         schema = shipped["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
         assert _all_rules(schema) == _all_rules(SCHEMAS[kind]) != []
+
+
+def _rule_nodes(schema: dict[str, Any], bounded: bool = True, path: str = "spec") -> list[tuple[str, dict[str, Any], bool]]:
+    """(path, node, every list above it has maxItems) of each schema node that carries rules."""
+    out = [(path, schema, bounded)] if schema.get("x-kubernetes-validations") else []
+    for k, sub in schema.get("properties", {}).items():
+        out += _rule_nodes(sub, bounded, f"{path}.{k}")
+    if "items" in schema:
+        out += _rule_nodes(schema["items"], bounded and "maxItems" in schema, f"{path}[]")
+    return out
+
+
+def test_rules_stay_within_the_api_servers_cost_budget() -> None:
+    # The API server refuses a CRD whose rules' estimated cost is too high; it estimates unbounded lists at
+    # the request size limit. So no rule sits under an unbounded list, and a list a rule iterates is bounded.
+    for kind, schema in SCHEMAS.items():
+        for path, node, bounded in _rule_nodes(schema):
+            assert bounded, f"{kind} {path}: a rule under a list without maxItems"
+            for r in node["x-kubernetes-validations"]:
+                for prop, sub in node.get("properties", {}).items():
+                    iterated = any(f"self.{prop}{m}" in r["rule"] or f"self.{prop} : " in r["rule"]
+                                   for m in (".exists(", ".all(", ".filter(", ".map("))
+                    if sub.get("type") == "array" and f"self.{prop}" in r["rule"] and iterated:
+                        assert "maxItems" in sub, f"{kind} {path}.{prop}: iterated by a rule without maxItems"
