@@ -5,6 +5,7 @@ Examples::
     trex eval --benchmark nl4opt=NL4OPT.jsonl --benchmark bench4opt=bench4opt.tar.gz \\
         --model openai:http://127.0.0.1:8000/v1#qwen --protocol strict --k 1 --out eval-out
     trex eval --config eval.yaml --limit 20
+    trex eval --config evaljob.yaml --set model.sampling.temperature=0.7 --print-config
     trex eval --benchmark nl4opt=NL4OPT.jsonl --model reference --out ref-check
     trex eval report eval-out --against eval-baseline
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trex.config_base import format_validation_error, load_section, load_yaml_config
+from trex.config_base import ConfigError, config_data, dump_config, format_validation_error, resolve_config
 from trex.evaluation.config import BENCHMARK_NAMES, EvalConfig
 
 PROTOCOLS = ("strict", "orlm", "mamo", "optibench", "sirl")
@@ -39,7 +40,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _run_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="trex eval", description="Evaluate a model on OR benchmarks (zero-shot, sandboxed execution).")
-    p.add_argument("--config", help="EvalConfig YAML (the `evaluation` section or the whole file)")
+    p.add_argument("--config", help="EvalConfig YAML (the whole file, its `evaluation` section, or an EvalJob "
+                   "manifest's spec.evaluation)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="overrides",
+                   help="override one field, camelCase path (repeatable), e.g. --set model.concurrency=4")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
     p.add_argument("--benchmark", action="append", default=[], metavar="NAME=PATH",
                    help=f"benchmark to run (repeatable); NAME in {', '.join(BENCHMARK_NAMES)}")
     p.add_argument("--model", help="openai:URL#MODEL | transformers:DIR | trex-checkpoint:DIR | reference")
@@ -58,16 +63,10 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace) -> EvalConfig:
-    """EvalConfig from --config and the flags (flags override the file)."""
+    """EvalConfig from --config, the flags, then the --set overrides (each overrides what came before)."""
     from trex.evaluation.models import parse_model_arg
 
-    if args.config:
-        if not os.path.isfile(args.config):
-            raise UsageError(f"--config: file {args.config!r} does not exist")
-        cfg = load_yaml_config(EvalConfig, args.config, section="evaluation")
-        data: dict[str, Any] = cfg.model_dump(mode="json", by_alias=True, exclude_unset=True)
-    else:
-        data = {}
+    data = config_data(args.config, "EvalJob", "evaluation")
     if args.benchmark:
         benches = []
         for spec in args.benchmark:
@@ -82,7 +81,8 @@ def build_config(args: argparse.Namespace) -> EvalConfig:
         if args.limit <= 0:
             raise UsageError(f"--limit must be > 0, got {args.limit}")
         for b in data.get("benchmarks", []):
-            b["limit"] = args.limit
+            if isinstance(b, dict):
+                b["limit"] = args.limit
     if args.model:
         try:
             m = parse_model_arg(args.model)
@@ -111,11 +111,11 @@ def build_config(args: argparse.Namespace) -> EvalConfig:
         data["output"] = args.out
     if args.metrics_port is not None:
         data["metricsPort"] = args.metrics_port
-    if not data.get("benchmarks"):
+    if not data.get("benchmarks") and not any(o.startswith("benchmarks") for o in args.overrides):
         raise UsageError("no benchmarks: pass --benchmark NAME=PATH or --config with benchmarks")
     if not args.model and not args.config:
         raise UsageError("no model: pass --model (openai:URL#MODEL, transformers:DIR, trex-checkpoint:DIR, reference)")
-    return load_section(EvalConfig, data)
+    return resolve_config(EvalConfig, data, args.overrides)
 
 
 def _serve_metrics(cfg: EvalConfig) -> Any:
@@ -140,6 +140,9 @@ def cmd_run(argv: list[str]) -> int:
 
     args = _run_parser().parse_args(argv)
     cfg = build_config(args)
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
     try:
         model = build_model(cfg.model, request_timeout_s=cfg.timeouts.request_s)
     except (ValueError, OSError) as e:
@@ -150,9 +153,9 @@ def cmd_run(argv: list[str]) -> int:
     def on_progress(done: int, total: int) -> None:
         if args.quiet:
             return
-        if "p" not in progress:
+        if "p" not in progress:  # first call: before any request, with the samples a rerun resumes
             progress["p"] = Progress("eval", total).__enter__()
-            progress["p"].done = done - 1
+            progress["p"].done = done
         progress["p"].update(done - progress["p"].done)
 
     try:
@@ -199,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         if args and args[0] == "report":
             return cmd_report(args[1:])
         return cmd_run(args)
-    except UsageError as e:
+    except (UsageError, ConfigError) as e:
         print(f"trex eval: error: {e}", file=sys.stderr)
         return 2
     except ValidationError as e:
-        print("trex eval: error: " + "; ".join(format_validation_error(e)), file=sys.stderr)
+        print("trex eval: error: " + "; ".join(format_validation_error(e, model=EvalConfig)), file=sys.stderr)
         return 2
     except ValueError as e:
         print(f"trex eval: error: {e}", file=sys.stderr)

@@ -114,8 +114,8 @@ class EvalConfig(TrexModel):
     """Model under evaluation."""
     protocol: Protocol = "strict"
     """Default scoring protocol."""
-    k: list[int] = Field(default_factory=lambda: [1], min_length=1)
-    """pass@k values reported (samples per item = max(k))."""
+    k: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
+    """pass@k values reported (samples per item = max(k)); at most 16, which also bounds the CRD rule over them."""
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     """Time limits."""
     orgeval: bool = True

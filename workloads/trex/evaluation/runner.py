@@ -16,6 +16,7 @@ line is discarded.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import math
@@ -165,8 +166,10 @@ class Recorder:
             self.on_progress(self.done, self.total)
 
     def error(self, rec: dict[str, Any]) -> None:
-        """Record a failed model request."""
+        """Record a failed model request; the first one's cause is also logged (a wrong URL or key shows at once)."""
         self.failed += 1
+        if self.failed == 1:
+            log.warning("%s", first_error_line(rec, self.err.name))
         if self.exporter is not None:
             self.exporter.metric("trex_eval_failed_requests_total", benchmark=rec["benchmark"]).inc()
         self.err.write(json.dumps({"time": time.time(), **rec}, default=str) + "\n")
@@ -176,6 +179,13 @@ class Recorder:
         """Close the files."""
         self.fh.close()
         self.err.close()
+
+
+def first_error_line(rec: dict[str, Any], errors_path: str) -> str:
+    """The console line for the first failed request: which sample, the cause, where the rest go."""
+    status = f" (HTTP {rec['status']})" if rec.get("status") is not None else ""
+    return (f"model request failed for {rec['benchmark']}/{rec['item_id']} sample {rec['sample_index']}{status}: "
+            f"{rec['error']}; every failed request goes to {errors_path} and a rerun retries them")
 
 
 async def execute(code: str, item: Item, cfg: EvalConfig, want_lp: bool) -> tuple[Execution, dict[str, Any], str | None]:
@@ -260,7 +270,7 @@ async def run_job(job: Job, model: Model, cfg: EvalConfig, exec_sem: asyncio.Sem
     recorder.write({
         "benchmark": job.dataset.name, "dataset_version": job.dataset.version, "item_id": job.item.id,
         "item_category": job.item.category, "sample_index": job.sample_index, "protocol": job.protocol.tag,
-        "prompt_hash": job.phash, "model": model.name, "response": chat.text, "finish_reason": chat.finish_reason,
+        "prompt_hash": job.phash, "model": model.name, "prompt": job.messages[-1]["content"], "response": chat.text, "finish_reason": chat.finish_reason,
         "extraction": rule, "code": code, "syntax_error": syn, "execution": exec_rec,
         "category": verdict.category, "reason": verdict.reason,
         "prediction": None if pred is None else {"status": pred.status, "objective": pred.objective,
@@ -295,11 +305,19 @@ def _protocol_meta(proto: Protocol) -> dict[str, str]:
     return {"tag": proto.tag, "rule": proto.rule, "prompt_set": prompt_set_for(proto.name)}
 
 
+def endpoint(cfg: EvalConfig) -> str:
+    """Where the answers come from: the server URL, the model directory, or the built-in reference."""
+    m = cfg.model
+    return (m.url or "(the job's model server)") if m.kind == "openai" else (m.path or m.kind)
+
+
 def run_metadata(cfg: EvalConfig, datasets: list[Dataset], model_name: str) -> dict[str, Any]:
     """What run.json records: config, model, versions of every rule, dataset provenance."""
     specs: dict[str, BenchmarkSpec] = {b.name: b for b in cfg.benchmarks}
     return {
         "model": model_name,
+        "endpoint": endpoint(cfg),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": cfg.model_dump(mode="json", by_alias=True),
         "versions": {"prompt": PROMPT_VERSION, "extract": EXTRACT_VERSION, "orgeval": ORGEVAL_VERSION},
         "protocols": {ds.name: _protocol_meta(get_protocol(specs[ds.name].protocol or cfg.protocol)) for ds in datasets},
@@ -350,6 +368,8 @@ async def run_eval(cfg: EvalConfig, model: Model, *, out_dir: str | Path | None 
         for name, n in totals.items():
             exporter.metric("trex_eval_progress_ratio", benchmark=name).set(done_by[name] / max(1, n))
     recorder = Recorder(out, totals, done_by, exporter, on_progress)
+    if on_progress is not None:
+        on_progress(recorder.done, recorder.total)  # the progress clock starts now, with the resumed samples
     exec_sem = asyncio.Semaphore(cfg.execution.workers)
     queue: asyncio.Queue[Job] = asyncio.Queue()
     for j in jobs:
@@ -389,7 +409,8 @@ def build_summary(meta: dict[str, Any], records: list[dict[str, Any]], cfg: Eval
     for name, s in scores.items():
         s["expected_samples"] = expected.get(name)
         s["protocol"] = meta.get("protocols", {}).get(name, {})
-    return {"model": meta.get("model"), "k": ks, "datasets": meta.get("datasets", []),
+    return {"model": meta.get("model"), "endpoint": meta.get("endpoint"), "started": meta.get("started"),
+            "k": ks, "datasets": meta.get("datasets", []),
             "versions": meta.get("versions", {}), "benchmarks": scores, "answers": meta.get("answers"),
             "isolation": meta.get("isolation"),
             "complete": all(scores.get(n, {}).get("samples", 0) >= e for n, e in expected.items())}
