@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-CONTRACT_VERSION = "2"
+CONTRACT_VERSION = "3"
 """Version of every text below (prompt sets, answer layout, chat layout)."""
 
 DEFAULT_SET = "trex"
@@ -29,13 +29,43 @@ BOS, EOS, END, PAD = "<|bos|>", "<|eos|>", "<|end|>", "<|pad|>"
 ROLES = ("system", "user", "assistant")
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES), END)
 """Specials every trainer tokenizer has (ids 0..6 when trained here): padding, document bounds, chat roles."""
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+REASONING_TOKENS: tuple[str, ...] = (THINK_OPEN, THINK_CLOSE)
+"""Specials of the reasoning modes (:mod:`trex.reasoning`; ids 7, 8 when trained here): a tokenizer needs them
+only for a run with a reasoning mode."""
 
+_A = "'<|assistant|>'"
 CHAT_TEMPLATE = (
-    "{{ '" + BOS + "' }}{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + '" + END + "' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    "{%- set mode = reasoning_mode if reasoning_mode is defined and reasoning_mode else '' -%}"
+    "{%- if mode and mode not in ['non-think', 'think-high', 'think-max'] -%}"
+    "{{ raise_exception('reasoning_mode must be non-think, think-high or think-max') }}{%- endif -%}"
+    "{%- set tmp = think_max_prompt if mode == 'think-max' and think_max_prompt is defined else '' -%}"
+    "{%- if mode == 'think-max' and not tmp -%}{{ raise_exception('think_max_prompt is required for "
+    "reasoning_mode think-max') }}{%- endif -%}"
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- if m['role'] not in ['system', 'user', 'assistant'] or m.tools is defined and m.tools or "
+    "m.tool_calls is defined and m.tool_calls -%}{{ raise_exception('this template renders no tools or tool "
+    "calls (trex.reasoning.render does)') }}{%- endif -%}{%- endfor -%}"
+    "{{- '" + BOS + "' -}}"
+    "{%- if tmp and (not messages or messages[0]['role'] != 'system') -%}"
+    "{{- '<|system|>' + tmp + '" + END + "' -}}{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' and mode -%}{{- " + _A + " -}}"
+    "{%- if mode != 'non-think' and loop.index0 > ns.last_user -%}"
+    "{{- '" + THINK_OPEN + "' + (m.reasoning_content if m.reasoning_content is defined and m.reasoning_content "
+    "else '') + '" + THINK_CLOSE + "' -}}"
+    "{%- else -%}{{- '" + THINK_CLOSE + "' -}}{%- endif -%}{{- m['content'] + '" + END + "' -}}"
+    "{%- else -%}{{- '<|' + m['role'] + '|>' + (tmp if loop.first and m['role'] == 'system' else '') + "
+    "m['content'] + '" + END + "' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- " + _A + " -}}"
+    "{%- if mode -%}{{- '" + THINK_CLOSE + "' if mode == 'non-think' else '" + THINK_OPEN + "' -}}{%- endif -%}"
+    "{%- endif -%}"
 )
-"""Jinja chat template of the Hugging Face export; the trainer's SFT packing produces the same tokens."""
+"""Jinja chat template of the Hugging Face export: the plain layout, or with ``reasoning_mode`` (and
+``think_max_prompt``) passed to ``apply_chat_template`` the text :func:`trex.reasoning.render_text` produces
+for conversations without tools; the trainer's SFT packing produces the same tokens."""
 
 
 def role_token(role: str) -> str:

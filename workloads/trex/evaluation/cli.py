@@ -141,7 +141,7 @@ def cmd_run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     cfg = build_config(args)
     try:
-        model = build_model(cfg.model, request_timeout_s=cfg.timeouts.request_s)
+        model = build_model(cfg.model, request_timeout_s=cfg.timeouts.request_s, reasoning_mode=cfg.reasoning_mode)
     except (ValueError, OSError) as e:
         raise UsageError(f"model: {e}") from None
     exporter = _serve_metrics(cfg)

@@ -36,6 +36,7 @@ from trex.evaluation.prompts import PROMPT_VERSION, build_messages, prompt_hash,
 from trex.evaluation.protocols import Protocol, get_protocol
 from trex.evaluation.scoring import CATEGORIES, Execution, aggregate, classify, syntax_check
 from trex.fsio import atomic_write_bytes
+from trex.reasoning import answer_of, with_mode_prompt
 
 log = logging.getLogger("trex.evaluation")
 
@@ -237,7 +238,8 @@ async def run_job(job: Job, model: Model, cfg: EvalConfig, exec_sem: asyncio.Sem
         recorder.error({"benchmark": job.dataset.name, "item_id": job.item.id, "sample_index": job.sample_index,
                         "error": str(e), "status": e.status})
         return
-    code, rule = extract_code(chat.text)
+    answer = answer_of(chat.text, cfg.reasoning_mode, getattr(model, "splits_reasoning", False))
+    code, rule = extract_code(answer)
     syn = syntax_check(code) if code is not None else None
     is_b4o = job.item.reference_lp is not None
     exec_rec: dict[str, Any] | None = None
@@ -281,8 +283,9 @@ def plan_jobs(datasets: list[Dataset], cfg: EvalConfig, done: set[tuple[str, str
     for ds in datasets:
         proto = get_protocol(specs[ds.name].protocol or cfg.protocol)
         for item in ds.items:
-            msgs = build_messages(item, proto.name, ds.format)
-            ph = prompt_hash(msgs)
+            msgs = with_mode_prompt(build_messages(item, proto.name, ds.format), cfg.reasoning_mode,
+                                    cfg.think_max_prompt)
+            ph = prompt_hash(msgs, cfg.reasoning_mode)
             for s in range(n):
                 if (ds.name, item.id, s, ph, proto.tag) in done:
                     skipped += 1
