@@ -164,7 +164,7 @@ def test_configs_check_modes_and_limits() -> None:
     base = {"benchmarks": [{"name": "nl4opt", "path": "x"}], "model": {"kind": "reference"}}
     with pytest.raises(ValidationError, match="thinkMaxPrompt: required when reasoningMode is think-max"):
         EvalConfig.model_validate({**base, "reasoningMode": "think-max"})
-    with pytest.raises(ValidationError, match="model.sampling.maxTokens: 9000 exceeds the non-think context limit"):
+    with pytest.raises(ValidationError, match=r"model\.sampling\.maxTokens: 9000 exceeds the non-think context limit"):
         EvalConfig.model_validate({**base, "reasoningMode": "non-think",
                                    "model": {"kind": "reference", "sampling": {"maxTokens": 9000}}})
     with pytest.raises(ValidationError, match="thinkMaxPrompt: only think-max uses it"):

@@ -180,17 +180,25 @@ class Recorder:
 
 
 async def execute(code: str, item: Item, cfg: EvalConfig, want_lp: bool) -> tuple[Execution, dict[str, Any], str | None]:
-    """Run ``code`` in the sandbox: (verdict inputs, record of the run, collected LP text)."""
+    """Run ``code`` in the sandbox under the run's limits: (verdict inputs, record of the run, collected LP text)."""
+    return await run_program(code, item, timeout_s=cfg.timeouts.execution_s, memory_mb=cfg.execution.memory_mb,
+                             max_output_kb=cfg.execution.max_output_kb, printed=cfg.accept_printed_answers,
+                             want_lp=want_lp)
+
+
+async def run_program(code: str, item: Item, *, timeout_s: float, memory_mb: int, max_output_kb: int,
+                      printed: bool = False, want_lp: bool = False) -> tuple[Execution, dict[str, Any], str | None]:
+    """Run ``code`` in the sandbox: (verdict inputs, record of the run, collected LP text). The answer is the
+    solve the sandbox recorded and re-solved, or with ``printed`` the TREX_RESULT line."""
     from trex.sandbox import Limits, run_python_async
 
-    t = cfg.timeouts.execution_s
-    limits = Limits(timeout_s=t, cpu_s=max(1, math.ceil(t)), memory_mb=cfg.execution.memory_mb,
-                    max_output_kb=cfg.execution.max_output_kb)
+    t = timeout_s
+    limits = Limits(timeout_s=t, cpu_s=max(1, math.ceil(t)), memory_mb=memory_mb, max_output_kb=max_output_kb)
     res = await run_python_async(code, limits=limits, files=item.files or None,
                                  collect=(LP_OUT,) if want_lp else ())
     timed_out = bool(res.timed_out or res.killed_reason in ("timeout", "cpu_limit"))
     result, unrecorded = res.result, None
-    if not cfg.accept_printed_answers:
+    if not printed:
         result, unrecorded = await recorded_answer(res.solve, res.result, t)
     ex = Execution(exit_code=res.exit_code, timed_out=timed_out, stderr=res.stderr, result=result,
                    signal=None if timed_out else res.signal, unrecorded=unrecorded)
@@ -199,7 +207,7 @@ async def execute(code: str, item: Item, cfg: EvalConfig, want_lp: bool) -> tupl
     record = {
         "exit_code": res.exit_code, "signal": res.signal, "timed_out": timed_out, "wall_s": round(res.wall_s, 4),
         "killed_reason": res.killed_reason, "result": result, "printed": res.result, "mode": res.mode,
-        "answers": ANSWERS_PRINTED if cfg.accept_printed_answers else ANSWERS_RECORDED,
+        "answers": ANSWERS_PRINTED if printed else ANSWERS_RECORDED,
         "solve": None if solve is None else {k: v for k, v in solve.items() if k != "lp"}, "solves": len(res.solves),
         "stdout_tail": res.stdout[-_TAIL:], "stderr_tail": res.stderr[-_TAIL:], "lp_collected": lp is not None,
     }
