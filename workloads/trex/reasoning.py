@@ -6,8 +6,8 @@ One renderer (:func:`render`) turns a conversation into the pieces SFT packing t
 * **modes**: ``non-think`` opens the answer with the closing think tag (``<|assistant|></think>``, the
   model answers at once); ``think-high`` opens it with ``<think>`` (the model reasons, closes the tag,
   then answers); ``think-max`` is think-high with a special system prompt put before the system message
-  (configurable; examples/ carries the published text). Each mode has its context limit
-  (:data:`CONTEXT_LIMITS`: 8K / 128K / 384K tokens).
+  (configurable; examples/evaljob-think-max.yaml carries the published text). Each mode has its
+  context limit (:data:`CONTEXT_LIMITS`: 8K / 128K / 384K tokens).
 * **interleaved thinking**: in a tool-call conversation (tools declared, tool calls or tool results)
   every assistant turn keeps its reasoning, since the model reasons across the calls; otherwise the
   reasoning of assistant turns before the last user turn is dropped (those turns render as non-think).
@@ -84,8 +84,8 @@ def mode_problems(mode: str | None, think_max_prompt: str | None, max_tokens: in
     one; ``max_tokens`` (the field ``tokens_field``) stays within the mode's context limit."""
     out: list[tuple[str, str]] = []
     if mode == "think-max" and not (think_max_prompt or "").strip():
-        out.append((f"{prefix}thinkMaxPrompt", "required when reasoningMode is think-max (examples/reasoning/ "
-                    "holds the published text)"))
+        out.append((f"{prefix}thinkMaxPrompt", "required when reasoningMode is think-max "
+                    "(examples/evaljob-think-max.yaml holds the published text)"))
     if think_max_prompt is not None and mode != "think-max":
         out.append((f"{prefix}thinkMaxPrompt", f"only think-max uses it; reasoningMode is {mode}"))
     if mode is not None and max_tokens is not None and max_tokens > CONTEXT_LIMITS[mode]:

@@ -140,7 +140,7 @@ class EvalConfig(TrexModel):
     plain chat layout. Local models render it with their chat template (reasoning_mode / thinking
     arguments); OpenAI-compatible servers get chat_template_kwargs {thinking, reasoning_mode}."""
     think_max_prompt: str | None = None
-    """think-max: its special system prompt (examples/reasoning/ holds the published text)."""
+    """think-max: its special system prompt (examples/evaljob-think-max.yaml holds the published text)."""
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:

@@ -336,7 +336,8 @@ class DataConfig(TrexModel):
     think tags, assistant reasoning_content, DSML tool calls, tool results; unset = the plain chat layout.
     Evaluate with the same evaluation.reasoningMode."""
     think_max_prompt: str | None = None
-    """think-max: the special system prompt put before each sample's system message (examples/reasoning/)."""
+    """think-max: the special system prompt put before each sample's system message
+    (examples/evaljob-think-max.yaml holds the published text)."""
 
     @model_validator(mode="after")
     def _reasoning(self) -> DataConfig:
