@@ -176,12 +176,15 @@ def render_tool_calls(calls: Sequence[ToolCall]) -> str:
 
 
 def tool_calls_of(msg: Mapping[str, Any], where: str) -> tuple[ToolCall, ...]:
-    """The ``tool_calls`` of a message as ToolCalls ({"name", "arguments": dict or JSON text})."""
+    """The ``tool_calls`` of a message as ToolCalls: {"name", "arguments": dict or JSON text}, or OpenAI's
+    {"type": "function", "function": {"name", "arguments"}}."""
     out = []
     for j, c in enumerate(msg.get("tool_calls") or ()):
         if isinstance(c, ToolCall):
             out.append(c)
             continue
+        if isinstance(c, Mapping) and isinstance(c.get("function"), Mapping):
+            c = c["function"]
         if not isinstance(c, Mapping):
             raise ValueError(f"{where}.tool_calls[{j}]: must be an object with name and arguments")
         args = c.get("arguments", {})

@@ -25,7 +25,7 @@ from trex.reasoning import (
     render_tool_calls,
 )
 from trex.trainer.config import DataConfig
-from trex.trainer.data.packing import encode_chat
+from trex.trainer.data.packing import encode_chat, encode_prompt
 from trex.trainer.data.tokenizer import train_bpe
 
 MAX = "THINK HARD.\n\n"
@@ -156,8 +156,11 @@ def test_sft_masks_follow_generation(tmp_path: object) -> None:
     assert mask[:start + 1] == [0] * (start + 1)
     assert [i for i, m in zip(ids, mask, strict=True) if m] == [
         *tok.encode("r1", add_special_tokens=False).ids, close, *tok.encode("a1", add_special_tokens=False).ids, end]
-    assert tok.decode(ids[:start + 1], skip_special_tokens=False).replace(" ", "") == render_text(
-        msgs[:1], "think-high", add_generation_prompt=True).replace(" ", "")
+    assert encode_prompt(tok, msgs[:1], "think-high").tolist() == ids[:start + 1]  # what a rollout continues
+    assert encode_prompt(tok, msgs[:1], "non-think").tolist()[-1] == close
+    openai_style = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]}
+    assert render_tool_calls([ToolCall("f", {"x": 1})]) in render_text([openai_style], "non-think")
 
 
 def test_configs_check_modes_and_limits() -> None:

@@ -146,8 +146,8 @@ class EvalConfig(TrexModel):
     def _check(self) -> EvalConfig:
         problems = mode_problems(self.reasoning_mode, self.think_max_prompt, self.model.sampling.max_tokens, "",
                                  "model.sampling.maxTokens")
-        if problems:
-            raise ValueError("; ".join(f"{f}: {m}" for f, m in problems))
+        if problems:  # one line, naming the field; the next problem shows once this one is fixed
+            raise ValueError(f"{problems[0][0]}: {problems[0][1]}")
         for i, kv in enumerate(self.k):
             if not 1 <= kv <= 1024:
                 raise ValueError(f"k.{i}: must be in [1, 1024], got {kv}")

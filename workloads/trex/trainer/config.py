@@ -346,8 +346,8 @@ class DataConfig(TrexModel):
         problems = mode_problems(self.reasoning_mode, self.think_max_prompt, longest, "", where)
         if self.reasoning_mode is not None and self.format == "text":
             problems.append(("reasoningMode", "applies to chat records; format is 'text'"))
-        if problems:
-            raise ValueError("; ".join(f"{f}: {m}" for f, m in problems))
+        if problems:  # one line, naming the field; the next problem shows once this one is fixed
+            raise ValueError(f"{problems[0][0]}: {problems[0][1]}")
         return self
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from trex.prompt_contract import EOS
-from trex.reasoning import render
+from trex.reasoning import Piece, render
 
 IGNORE = -100
 
@@ -52,14 +52,26 @@ def encode_chat(tok: Tokenizer, messages: Sequence[dict[str, Any]], mode: str | 
     Loss only on what the model produces: assistant reasoning, answers, tool calls and their closing tokens
     (the model learns to stop); the tag that opens an assistant turn is context, as at generation.
     """
+    doc = _encode_pieces(tok, render(messages, mode, think_max_prompt=think_max_prompt))
+    return EncodedDoc(np.append(doc.ids, _special(tok, EOS)), np.append(doc.mask, np.int8(0)))
+
+
+def encode_prompt(tok: Tokenizer, messages: Sequence[dict[str, Any]], mode: str | None = None,
+                  think_max_prompt: str | None = None) -> np.ndarray:
+    """Token ids a model continues from to answer ``messages``: the same layout as :func:`encode_chat`, ending
+    with the generation prompt (``<|assistant|>``, then ``<think>`` or ``</think>`` in a reasoning mode)."""
+    return _encode_pieces(tok, render(messages, mode, think_max_prompt=think_max_prompt,
+                                      add_generation_prompt=True)).ids
+
+
+def _encode_pieces(tok: Tokenizer, pieces: Sequence[Piece]) -> EncodedDoc:
+    """Each special piece as its token, each text piece tokenized on its own; the mask marks targets."""
     ids: list[int] = []
     mask: list[int] = []
-    for p in render(messages, mode, think_max_prompt=think_max_prompt):
+    for p in pieces:
         body = [_special(tok, p.text)] if p.special else tok.encode(p.text, add_special_tokens=False).ids
         ids += body
         mask += [int(p.target)] * len(body)
-    ids.append(_special(tok, EOS))
-    mask.append(0)
     return EncodedDoc(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8))
 
 

@@ -1,0 +1,43 @@
+"""The exported tokenizer's chat template under each reasoning mode gives the SFT packing's tokens, and a local
+model's decoding keeps the think tags the answer is split at."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from trex.evaluation.models.transformers_model import TransformersModel, render_chat  # noqa: E402
+from trex.reasoning import answer_of, render_text, template_mode, with_mode_prompt  # noqa: E402
+from trex.trainer.data.packing import encode_chat  # noqa: E402
+from trex.trainer.data.tokenizer import train_bpe  # noqa: E402
+from trex.trainer.export import save_tokenizer  # noqa: E402
+
+MAX = "Reason with care.\n\n"
+MSGS = [{"role": "system", "content": "You model LPs."}, {"role": "user", "content": "Maximise x, x <= 4."},
+        {"role": "assistant", "content": "x = 4 (##objective 4)", "reasoning_content": "x is bounded by 4."},
+        {"role": "user", "content": "And 2x?"},
+        {"role": "assistant", "content": "```python\nprint(8)\n```", "reasoning_content": ">##double it"}]
+
+
+@pytest.mark.parametrize("mode", ["non-think", "think-high", "think-max"])
+def test_template_tokens_equal_sft_packing(tmp_path: Path, mode: str) -> None:
+    raw = train_bpe(["maximise objective bounded double python print " * 30], 320)
+    save_tokenizer(raw, tmp_path, 512)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    prompt = MAX if mode == "think-max" else None
+    kw = {"reasoning_mode": mode, **({"think_max_prompt": MAX} if prompt else {})}
+    templated = tok.apply_chat_template(MSGS, tokenize=False, **kw)
+    assert templated == render_text(MSGS, mode, think_max_prompt=prompt)
+    assert tok(templated, add_special_tokens=False)["input_ids"] == encode_chat(raw, MSGS, mode, prompt).ids.tolist()[:-1]
+    # what `trex eval` sends: think-max's prompt in the messages, the template rendering the mode
+    sent = render_chat(tok, with_mode_prompt(MSGS[:4], mode, prompt), template_mode(mode))
+    assert sent == render_text(MSGS[:4], mode, think_max_prompt=prompt, add_generation_prompt=True)
+    if mode != "non-think":
+        ids = tok("x is bounded.</think>```python\nprint(4)\n```<|end|>", add_special_tokens=False)["input_ids"]
+        text = TransformersModel._decode(SimpleNamespace(tokenizer=tok, reasoning_mode=mode), ids)  # type: ignore[arg-type]
+        assert text == "x is bounded.</think>```python\nprint(4)\n```"
+        assert answer_of(text, mode, server_split=False) == "```python\nprint(4)\n```"
