@@ -31,18 +31,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from trex.prompt_contract import BOS, END, THINK_CLOSE, THINK_OPEN, role_token
+from trex.prompt_contract import (
+    BOS,
+    CALLS_CLOSE,
+    CALLS_OPEN,
+    END,
+    INVOKE_CLOSE,
+    INVOKE_OPEN,
+    PARAM_CLOSE,
+    PARAM_OPEN,
+    RESULT_CLOSE,
+    RESULT_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOLS_INTRO,
+    role_token,
+)
 
 ReasoningMode = Literal["non-think", "think-high", "think-max"]
 REASONING_MODES: tuple[str, ...] = get_args(ReasoningMode)
 CONTEXT_LIMITS: dict[str, int] = {"non-think": 8 * 1024, "think-high": 128 * 1024, "think-max": 384 * 1024}
 """Context window (prompt + completion tokens) of each mode."""
 
-DSML = "｜DSML｜"
-CALLS_OPEN, CALLS_CLOSE = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"
-INVOKE_OPEN, INVOKE_CLOSE = f"<{DSML}invoke", f"</{DSML}invoke>"
-PARAM_OPEN, PARAM_CLOSE = f"<{DSML}parameter", f"</{DSML}parameter>"
-RESULT_OPEN, RESULT_CLOSE = "<tool_result>", "</tool_result>"
 _NAME = re.compile(r"[^\"<>\n]+")
 
 
@@ -141,13 +151,7 @@ def kept_reasoning(messages: Sequence[Mapping[str, Any]], mode: str) -> list[boo
 # --- rendering -----------------------------------------------------------------------------------------
 def tools_section(tools: Sequence[Mapping[str, Any]]) -> str:
     """The system-prompt section that declares ``tools`` and explains the DSML call format."""
-    schemas = "\n".join(json.dumps(dict(t), ensure_ascii=False, sort_keys=True) for t in tools)
-    return ("## Tools\n\nTo call tools, end the answer with one block of this form (any number of invokes, "
-            f"any number of parameters each):\n\n{CALLS_OPEN}\n{INVOKE_OPEN} name=\"TOOL\">\n"
-            f"{PARAM_OPEN} name=\"PARAMETER\" string=\"true\">a string, written as is{PARAM_CLOSE}\n"
-            f"{PARAM_OPEN} name=\"PARAMETER\" string=\"false\">a JSON number, boolean, array or object{PARAM_CLOSE}\n"
-            f"{INVOKE_CLOSE}\n{CALLS_CLOSE}\n\nWith thinking on, reason inside {THINK_OPEN}...{THINK_CLOSE} before "
-            f"any call. Results come back as {RESULT_OPEN}...{RESULT_CLOSE}.\n\n### Tool schemas\n\n{schemas}")
+    return TOOLS_INTRO + "\n".join(json.dumps(dict(t), ensure_ascii=False, sort_keys=True) for t in tools)
 
 
 def _check_name(name: object, where: str) -> str:

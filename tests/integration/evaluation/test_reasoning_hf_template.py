@@ -22,6 +22,13 @@ MSGS = [{"role": "system", "content": "You model LPs."}, {"role": "user", "conte
         {"role": "user", "content": "And 2x?"},
         {"role": "assistant", "content": "```python\nprint(8)\n```", "reasoning_content": ">##double it"}]
 
+TOOLS = [{"role": "system", "content": "", "tools": [{"name": "solve", "parameters": {"type": "object"}}]},
+         {"role": "user", "content": "Solve it."},
+         {"role": "assistant", "content": "Calling.", "reasoning_content": "use the tool",
+          "tool_calls": [{"type": "function", "function": {"name": "solve", "arguments": {"x": [1, 2], "s": "a<b"}}}]},
+         {"role": "tool", "content": "{\"objective\": 4}"},
+         {"role": "assistant", "content": "4", "reasoning_content": "it said 4"}]
+
 
 @pytest.mark.parametrize("mode", ["non-think", "think-high", "think-max"])
 def test_template_tokens_equal_sft_packing(tmp_path: Path, mode: str) -> None:
@@ -30,9 +37,11 @@ def test_template_tokens_equal_sft_packing(tmp_path: Path, mode: str) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     prompt = MAX if mode == "think-max" else None
     kw = {"reasoning_mode": mode, **({"think_max_prompt": MAX} if prompt else {})}
-    templated = tok.apply_chat_template(MSGS, tokenize=False, **kw)
-    assert templated == render_text(MSGS, mode, think_max_prompt=prompt)
-    assert tok(templated, add_special_tokens=False)["input_ids"] == encode_chat(raw, MSGS, mode, prompt).ids.tolist()[:-1]
+    for msgs in (MSGS, TOOLS):
+        templated = tok.apply_chat_template(msgs, tokenize=False, **kw)
+        assert templated == render_text(msgs, mode, think_max_prompt=prompt)
+        packed = encode_chat(raw, msgs, mode, prompt).ids.tolist()[:-1]
+        assert tok(templated, add_special_tokens=False)["input_ids"] == packed
     # what `trex eval` sends: think-max's prompt in the messages, the template rendering the mode
     sent = render_chat(tok, with_mode_prompt(MSGS[:4], mode, prompt), template_mode(mode))
     assert sent == render_text(MSGS[:4], mode, think_max_prompt=prompt, add_generation_prompt=True)

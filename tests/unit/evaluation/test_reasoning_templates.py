@@ -34,11 +34,29 @@ CHAT = [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
         {"role": "assistant", "content": "a2", "reasoning_content": "r2"}]
 
 
+TOOL_CHAT = [
+    {"role": "system", "content": "S", "tools": [{"name": "run", "description": "Run «code»",
+                                                  "parameters": {"type": "object", "required": ["code"]}}]},
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": "", "reasoning_content": "plan",
+     "tool_calls": [{"type": "function", "function": {"name": "run", "arguments": {"code": "print('ä')\n", "n": 2}}},
+                    {"name": "noop", "arguments": {}}]},
+    {"role": "tool", "content": "ä"}, {"role": "tool", "content": "ok"},
+    {"role": "assistant", "content": "done", "reasoning_content": "saw it"},
+    {"role": "user", "content": "again"},
+    {"role": "assistant", "content": "x", "reasoning_content": "r"}]
+
+
 def _jinja(messages: list[dict[str, object]], gen: bool, **kw: object) -> str:
     def fail(msg: str) -> None:
         raise ValueError(msg)
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | None = None, separators: object = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,  # type: ignore[arg-type]
+                          sort_keys=sort_keys)
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # as transformers renders
     env.globals["raise_exception"] = fail
+    env.filters["tojson"] = tojson
     return env.from_string(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=gen, **kw)
 
 
@@ -69,9 +87,15 @@ def test_exported_chat_template_equals_renderer(mode: str | None, gen: bool) -> 
         kw["think_max_prompt"] = MAX
     assert _jinja(msgs, gen, **kw) == render_text(msgs, mode, think_max_prompt=MAX if mode == "think-max" else None,
                                                   add_generation_prompt=gen)
-    if mode is not None:
-        with pytest.raises(ValueError, match="no tools"):
+    if mode is None:
+        with pytest.raises(ValueError, match="need a reasoning_mode"):
             _jinja([*msgs, {"role": "tool", "content": "1"}], gen, **kw)
+        with pytest.raises(ValueError, match=r"messages\[\d\]\.role: needs a reasoningMode"):
+            render_text([*msgs, {"role": "tool", "content": "1"}], None)
+    else:
+        tools = [*TOOL_CHAT[:-1]] if gen else TOOL_CHAT
+        assert _jinja(tools, gen, **kw) == render_text(tools, mode, think_max_prompt=kw.get("think_max_prompt"),
+                                                       add_generation_prompt=gen)
 
 
 def test_tool_conversations_keep_thinking_across_turns() -> None:
