@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from trex.trainer.rl.grpo import group_advantages, grpo_loss, k3_kl, token_logprobs
+from trex.trainer.rl.grpo import group_advantages, grpo_loss, k3_kl, step_metrics, token_logprobs
 
 EPS, EPS_HIGH, BETA = 0.2, 0.28, 0.05
 
@@ -78,6 +78,10 @@ def test_loss_and_gradients_equal_the_float64_reference(dtype: torch.dtype) -> N
     assert logp.grad is not None
     torch.testing.assert_close(logp.grad.double(), torch.tensor(grad_ref, dtype=torch.float64), atol=tol, rtol=0)
     assert float(logp.grad[4, 3]) == 0.0 and float(logp.grad[1, 4]) == 0.0  # stale and padding carry no gradient
+    m = step_metrics(r["rewards"], r["mask"], out)
+    assert m["response_length"] == pytest.approx(20 / 6) and m["reward_mean"] == pytest.approx(8 / 6)
+    assert m["reward_std"] == pytest.approx(math.sqrt(sum((x - 8 / 6) ** 2 for x in [2.5, .5, 0, 1, 2.5, 1.5]) / 6))
+    assert m["kl"] == pytest.approx(kl_ref, abs=tol) and m["clip_fraction"] == pytest.approx(clip_ref)
 
 
 def test_gradients_reach_the_policy_through_token_logprobs() -> None:

@@ -93,3 +93,12 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[token] per position: logits [B, T, V] that predict tokens [B, T]."""
     return torch.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
                              dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def step_metrics(rewards: torch.Tensor, mask: torch.Tensor, out: GRPOLoss) -> dict[str, float]:
+    """What a GRPO step logs: reward mean and std over the batch's responses, mean KL to the reference,
+    clip fraction and mean response length (tokens)."""
+    r = rewards.detach().double().reshape(-1)
+    return {"reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)), "kl": float(out.kl),
+            "clip_fraction": float(out.clip_fraction), "response_length": float(mask.detach().double().sum(1).mean())}
+
