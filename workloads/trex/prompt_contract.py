@@ -31,8 +31,8 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES), 
 """Specials every trainer tokenizer has (ids 0..6 when trained here): padding, document bounds, chat roles."""
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_TOKENS: tuple[str, ...] = (THINK_OPEN, THINK_CLOSE)
-"""Specials of the reasoning modes (:mod:`trex.reasoning`; ids 7, 8 when trained here): a tokenizer needs them
-only for a run with a reasoning mode."""
+"""Specials of the reasoning modes (:mod:`trex.reasoning`; ids 7, 8 when trained here for a run with a reasoning
+mode, which alone needs them)."""
 
 DSML = "｜DSML｜"
 CALLS_OPEN, CALLS_CLOSE = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"

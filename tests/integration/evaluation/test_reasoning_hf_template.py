@@ -32,7 +32,7 @@ TOOLS = [{"role": "system", "content": "", "tools": [{"name": "solve", "paramete
 
 @pytest.mark.parametrize("mode", ["non-think", "think-high", "think-max"])
 def test_template_tokens_equal_sft_packing(tmp_path: Path, mode: str) -> None:
-    raw = train_bpe(["maximise objective bounded double python print " * 30], 320)
+    raw = train_bpe(["maximise objective bounded double python print " * 30], 320, reasoning=True)
     save_tokenizer(raw, tmp_path, 512)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     prompt = MAX if mode == "think-max" else None

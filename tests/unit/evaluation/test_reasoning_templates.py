@@ -170,7 +170,7 @@ def test_completion_errors() -> None:
 
 
 def test_sft_masks_follow_generation(tmp_path: object) -> None:
-    tok: Tokenizer = train_bpe(["reasoning answer question tool result " * 20], 300)
+    tok: Tokenizer = train_bpe(["reasoning answer question tool result " * 20], 300, reasoning=True)
     msgs = CHAT[1:3]
     doc = encode_chat(tok, msgs, "think-high")
     ids, mask = doc.ids.tolist(), doc.mask.tolist()

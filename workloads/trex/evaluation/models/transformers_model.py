@@ -49,6 +49,10 @@ class TransformersModel:
         self.max_new_tokens, self.seed = max_new_tokens, seed
         self.name = name or f"transformers:{p.name}"
         self.reasoning_mode = reasoning_mode
+        missing = [t for t in REASONING_TOKENS if t not in self.tokenizer.get_vocab()]
+        if reasoning_mode is not None and missing:
+            raise ValueError(f"evaluation.reasoningMode: the tokenizer of {path} has no {' '.join(missing)} tokens "
+                             "(a trex model learns them with data.reasoningMode)")
         self._lock = threading.Lock()
 
     def generate_sync(self, messages: list[dict[str, str]], sample_index: int = 0) -> ChatResult:
