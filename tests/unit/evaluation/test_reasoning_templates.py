@@ -4,6 +4,7 @@ interleaved thinking, DSML round trips and precise errors, SFT masks, per-mode l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -169,7 +170,7 @@ def test_completion_errors() -> None:
     assert answer_of("```python\nx\n```", "think-high", True) == "```python\nx\n```"
 
 
-def test_sft_masks_follow_generation(tmp_path: object) -> None:
+def test_sft_masks_follow_generation() -> None:
     tok: Tokenizer = train_bpe(["reasoning answer question tool result " * 20], 300, reasoning=True)
     msgs = CHAT[1:3]
     doc = encode_chat(tok, msgs, "think-high")
@@ -205,3 +206,18 @@ def test_configs_check_modes_and_limits() -> None:
         DataConfig.model_validate({"reasoningMode": "non-think", "format": "text"})
     msgs = [{"role": "user", "content": "q"}]
     assert prompt_hash(msgs) != prompt_hash(msgs, "think-high") != prompt_hash(msgs, "non-think")
+
+
+def test_eval_cli_flags(tmp_path: Path) -> None:
+    from trex.evaluation.cli import UsageError, _run_parser, build_config
+
+    prompt = tmp_path / "max.txt"
+    prompt.write_text(MAX)
+    base = ["--benchmark", "nl4opt=x.jsonl", "--model", "reference"]
+    cfg = build_config(_run_parser().parse_args([*base, "--reasoning-mode", "think-max", "--think-max-prompt-file",
+                                                 str(prompt)]))
+    assert (cfg.reasoning_mode, cfg.think_max_prompt) == ("think-max", MAX)
+    with pytest.raises(ValidationError, match="thinkMaxPrompt: required"):
+        build_config(_run_parser().parse_args([*base, "--reasoning-mode", "think-max"]))
+    with pytest.raises(UsageError, match="--think-max-prompt-file: file"):
+        build_config(_run_parser().parse_args([*base, "--think-max-prompt-file", str(tmp_path / "none")]))
