@@ -221,3 +221,18 @@ def test_eval_cli_flags(tmp_path: Path) -> None:
         build_config(_run_parser().parse_args([*base, "--reasoning-mode", "think-max"]))
     with pytest.raises(UsageError, match="--think-max-prompt-file: file"):
         build_config(_run_parser().parse_args([*base, "--think-max-prompt-file", str(tmp_path / "none")]))
+
+
+def test_sft_records_name_the_bad_message(tmp_path: Path) -> None:
+    from trex.trainer.data.build import build_data
+    from trex.trainer.data.sources import DataError
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": CHAT[:3]}) + "\n")
+    cfg = DataConfig.model_validate({"train": str(data), "tokenizer": {"vocabSize": 300}})
+    with pytest.raises(DataError, match=r"sft.jsonl: record 1: messages\[2\]\.reasoning_content: needs a reasoningMode"):
+        build_data(cfg, tmp_path / "cache", 512)
+    ok = DataConfig.model_validate({"train": str(data), "tokenizer": {"vocabSize": 300}, "reasoningMode": "think-high"})
+    tok, loader, fmt = build_data(ok, tmp_path / "cache", 512)
+    assert fmt == "chat" and tok.token_to_id("<think>") == 7 and tok.token_to_id("</think>") == 8
+    assert tok.token_to_id("<think>") in loader.docs[0].ids.tolist()

@@ -15,7 +15,7 @@ from trex.prompt_contract import PAD
 from trex.trainer.config import DataConfig
 from trex.trainer.data.loader import PackedLoader, SampleLoader
 from trex.trainer.data.packing import EncodedDoc, encode_chat, encode_text, policy_counts
-from trex.trainer.data.sources import corpus_fingerprint, demo_corpus, load_records
+from trex.trainer.data.sources import DataError, corpus_fingerprint, demo_corpus, load_records
 
 DEMO_DOCS = 1500
 
@@ -44,10 +44,13 @@ def build_data(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokeni
     if tok.get_vocab_size() > max_vocab:
         raise ValueError(f"data.tokenizer.path: tokenizer has {tok.get_vocab_size()} tokens but the model's "
                          f"vocabulary is {max_vocab} (raise model.overrides.vocabSize)")
-    docs: list[EncodedDoc] = [
-        encode_text(tok, r["text"]) if fmt == "text"
-        else encode_chat(tok, r["messages"], cfg.reasoning_mode, cfg.think_max_prompt) for r in records
-    ]
+    docs: list[EncodedDoc] = []
+    for i, r in enumerate(records):
+        try:
+            docs.append(encode_text(tok, r["text"]) if fmt == "text"
+                        else encode_chat(tok, r["messages"], cfg.reasoning_mode, cfg.think_max_prompt))
+        except ValueError as e:
+            raise DataError(f"{cfg.train}: record {i + 1}: {e}") from None
     if fmt == "text":
         return tok, PackedLoader(docs, cfg.seed), fmt
     pad = tok.token_to_id(PAD)
