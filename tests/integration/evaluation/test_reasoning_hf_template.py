@@ -50,3 +50,35 @@ def test_template_tokens_equal_sft_packing(tmp_path: Path, mode: str) -> None:
         text = TransformersModel._decode(SimpleNamespace(tokenizer=tok, reasoning_mode=mode), ids)  # type: ignore[arg-type]
         assert text == "x is bounded.</think>```python\nprint(4)\n```"
         assert answer_of(text, mode, server_split=False) == "```python\nprint(4)\n```"
+
+
+def test_local_model_renders_the_mode_and_keeps_to_its_context(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from trex.evaluation.models import transformers_model
+    from trex.trainer.data.packing import encode_prompt
+
+    raw = train_bpe(["maximise objective bounded double python print " * 30], 320, reasoning=True)
+    save_tokenizer(raw, tmp_path, 512)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=raw.get_vocab_size(), hidden_size=16, intermediate_size=32,
+                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                   max_position_embeddings=512, eos_token_id=6, pad_token_id=0, bos_token_id=1)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path, safe_serialization=True)
+    msgs = with_mode_prompt(MSGS[:2], "think-max", MAX)
+    prompt_ids = encode_prompt(raw, MSGS[:2], "think-max", MAX).tolist()
+    assert raw.id_to_token(prompt_ids[-1]) == "<think>"
+    monkeypatch.setitem(transformers_model.CONTEXT_LIMITS, "think-max", len(prompt_ids) + 3)
+    model = TransformersModel(tmp_path, max_new_tokens=40, device="cpu", reasoning_mode="think-max")
+    res = model.generate_sync(msgs)
+    assert res.usage.prompt_tokens == len(prompt_ids)  # the same tokens a rollout continues from
+    assert res.usage.completion_tokens <= 3
+    monkeypatch.setitem(transformers_model.CONTEXT_LIMITS, "think-max", len(prompt_ids))
+    full = model.generate_sync(msgs)
+    assert (full.text, full.finish_reason, full.usage.completion_tokens) == ("", "length", 0)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    save_tokenizer(train_bpe(["maximise objective " * 30], 300), plain, 512)
+    cfg.save_pretrained(plain)  # refused before any weights load
+    with pytest.raises(ValueError, match=r"evaluation\.reasoningMode: the tokenizer of .* has no <think> </think>"):
+        TransformersModel(plain, device="cpu", reasoning_mode="non-think")

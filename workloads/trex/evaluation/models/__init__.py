@@ -36,7 +36,8 @@ def parse_model_arg(text: str) -> ModelSpec:
 
 def build_model(spec: ModelSpec, *, request_timeout_s: float = 300.0, reasoning_mode: str | None = None) -> Model:
     """Instantiate the model a spec describes (heavy imports happen here, not at import time); a reasoning
-    mode goes to the chat template (think-max's prompt is already in the messages)."""
+    mode goes to the chat template (think-max's prompt is already in the messages, so it renders as
+    think-high) and bounds a local model's context (prompt + completion) to the mode's limit."""
     s: SamplingConfig = spec.sampling
     mode = template_mode(reasoning_mode)
     if spec.kind == "reference":
@@ -61,8 +62,8 @@ def build_model(spec: ModelSpec, *, request_timeout_s: float = 300.0, reasoning_
         from trex.evaluation.models.transformers_model import TransformersModel
 
         return TransformersModel(spec.path, temperature=s.temperature, top_p=s.top_p,
-                                 max_new_tokens=s.max_tokens, seed=s.seed, reasoning_mode=mode)
+                                 max_new_tokens=s.max_tokens, seed=s.seed, reasoning_mode=reasoning_mode)
     from trex.evaluation.models.checkpoint import load_checkpoint_model
 
     return load_checkpoint_model(spec.path, temperature=s.temperature, top_p=s.top_p,
-                                 max_new_tokens=s.max_tokens, seed=s.seed, reasoning_mode=mode)
+                                 max_new_tokens=s.max_tokens, seed=s.seed, reasoning_mode=reasoning_mode)

@@ -11,6 +11,7 @@ from typing import Any
 from trex.evaluation.benchmarks.base import Item
 from trex.llm.client import ChatResult, Usage
 from trex.prompt_contract import REASONING_TOKENS
+from trex.reasoning import CONTEXT_LIMITS, template_mode
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, str]], reasoning_mode: str | None = None) -> str:
@@ -42,6 +43,10 @@ class TransformersModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         self.tokenizer = AutoTokenizer.from_pretrained(p)
+        missing = [t for t in REASONING_TOKENS if t not in self.tokenizer.get_vocab()]
+        if reasoning_mode is not None and missing:
+            raise ValueError(f"evaluation.reasoningMode: the tokenizer of {path} has no {' '.join(missing)} tokens "
+                             "(a trex model learns them with data.reasoningMode)")
         dtype = torch.bfloat16 if device != "cpu" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(p, torch_dtype=dtype)
         self.model: Any = model.to(device).eval()  # type: ignore[arg-type]
@@ -49,10 +54,6 @@ class TransformersModel:
         self.max_new_tokens, self.seed = max_new_tokens, seed
         self.name = name or f"transformers:{p.name}"
         self.reasoning_mode = reasoning_mode
-        missing = [t for t in REASONING_TOKENS if t not in self.tokenizer.get_vocab()]
-        if reasoning_mode is not None and missing:
-            raise ValueError(f"evaluation.reasoningMode: the tokenizer of {path} has no {' '.join(missing)} tokens "
-                             "(a trex model learns them with data.reasoningMode)")
         self._lock = threading.Lock()
 
     def generate_sync(self, messages: list[dict[str, str]], sample_index: int = 0) -> ChatResult:
@@ -61,9 +62,15 @@ class TransformersModel:
 
         with self._lock:
             t0 = time.perf_counter()
-            prompt = render_chat(self.tokenizer, messages, self.reasoning_mode)
+            prompt = render_chat(self.tokenizer, messages, template_mode(self.reasoning_mode))
             enc = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.device)
-            gen_kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens}
+            n_prompt = int(enc["input_ids"].shape[1])
+            budget = self.max_new_tokens
+            if self.reasoning_mode is not None:  # the mode's context holds prompt and completion
+                budget = min(budget, CONTEXT_LIMITS[self.reasoning_mode] - n_prompt)
+                if budget <= 0:
+                    return ChatResult("", Usage(n_prompt, 0), time.perf_counter() - t0, "length")
+            gen_kwargs: dict[str, Any] = {"max_new_tokens": budget}
             if self.temperature > 0:
                 torch.manual_seed(self.seed + sample_index)
                 gen_kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p)
@@ -75,9 +82,9 @@ class TransformersModel:
             new = out[0, enc["input_ids"].shape[1]:]
             text = self._decode(new.tolist())
             eos = self.tokenizer.eos_token_id
-            ended = len(new) < self.max_new_tokens or (eos is not None and int(new[-1]) == eos)
+            ended = len(new) < budget or (eos is not None and int(new[-1]) == eos)
             finish = "stop" if ended else "length"
-            usage = Usage(int(enc["input_ids"].shape[1]), len(new))
+            usage = Usage(n_prompt, len(new))
             return ChatResult(text, usage, time.perf_counter() - t0, finish)
 
     def _decode(self, ids: list[int]) -> str:
