@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from trex.config_base import ConfigError, config_data, dump_config, format_validation_error, resolve_config
 from trex.evaluation.config import BENCHMARK_NAMES, EvalConfig
+from trex.reasoning import REASONING_MODES
 
 PROTOCOLS = ("strict", "orlm", "mamo", "optibench", "sirl")
 
@@ -58,6 +59,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="programs executed at once")
     p.add_argument("--timeout-s", type=float, help="per-program execution time limit (s)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--reasoning-mode", choices=REASONING_MODES, help="DeepSeek-V4 reasoning mode (trex.reasoning)")
+    p.add_argument("--think-max-prompt-file", metavar="FILE", help="think-max: file holding its system prompt")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
@@ -111,6 +114,13 @@ def build_config(args: argparse.Namespace) -> EvalConfig:
         data["output"] = args.out
     if args.metrics_port is not None:
         data["metricsPort"] = args.metrics_port
+    if args.reasoning_mode:
+        data["reasoningMode"] = args.reasoning_mode
+    if args.think_max_prompt_file:
+        if not os.path.isfile(args.think_max_prompt_file):
+            raise UsageError(f"--think-max-prompt-file: file {args.think_max_prompt_file!r} does not exist")
+        with open(args.think_max_prompt_file, encoding="utf-8") as fh:
+            data["thinkMaxPrompt"] = fh.read()
     if not data.get("benchmarks") and not any(o.startswith("benchmarks") for o in args.overrides):
         raise UsageError("no benchmarks: pass --benchmark NAME=PATH or --config with benchmarks")
     if not args.model and not args.config:
@@ -144,7 +154,7 @@ def cmd_run(argv: list[str]) -> int:
         print(dump_config(cfg), end="")
         return 0
     try:
-        model = build_model(cfg.model, request_timeout_s=cfg.timeouts.request_s)
+        model = build_model(cfg.model, request_timeout_s=cfg.timeouts.request_s, reasoning_mode=cfg.reasoning_mode)
     except (ValueError, OSError) as e:
         raise UsageError(f"model: {e}") from None
     exporter = _serve_metrics(cfg)

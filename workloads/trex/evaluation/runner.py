@@ -37,6 +37,7 @@ from trex.evaluation.prompts import PROMPT_VERSION, build_messages, prompt_hash,
 from trex.evaluation.protocols import Protocol, get_protocol
 from trex.evaluation.scoring import CATEGORIES, Execution, aggregate, classify, syntax_check
 from trex.fsio import atomic_write_bytes
+from trex.reasoning import answer_of, with_mode_prompt
 
 log = logging.getLogger("trex.evaluation")
 
@@ -189,17 +190,25 @@ def first_error_line(rec: dict[str, Any], errors_path: str) -> str:
 
 
 async def execute(code: str, item: Item, cfg: EvalConfig, want_lp: bool) -> tuple[Execution, dict[str, Any], str | None]:
-    """Run ``code`` in the sandbox: (verdict inputs, record of the run, collected LP text)."""
+    """Run ``code`` in the sandbox under the run's limits: (verdict inputs, record of the run, collected LP text)."""
+    return await run_program(code, item, timeout_s=cfg.timeouts.execution_s, memory_mb=cfg.execution.memory_mb,
+                             max_output_kb=cfg.execution.max_output_kb, printed=cfg.accept_printed_answers,
+                             want_lp=want_lp)
+
+
+async def run_program(code: str, item: Item, *, timeout_s: float, memory_mb: int, max_output_kb: int,
+                      printed: bool = False, want_lp: bool = False) -> tuple[Execution, dict[str, Any], str | None]:
+    """Run ``code`` in the sandbox: (verdict inputs, record of the run, collected LP text). The answer is the
+    solve the sandbox recorded and re-solved, or with ``printed`` the TREX_RESULT line."""
     from trex.sandbox import Limits, run_python_async
 
-    t = cfg.timeouts.execution_s
-    limits = Limits(timeout_s=t, cpu_s=max(1, math.ceil(t)), memory_mb=cfg.execution.memory_mb,
-                    max_output_kb=cfg.execution.max_output_kb)
+    t = timeout_s
+    limits = Limits(timeout_s=t, cpu_s=max(1, math.ceil(t)), memory_mb=memory_mb, max_output_kb=max_output_kb)
     res = await run_python_async(code, limits=limits, files=item.files or None,
                                  collect=(LP_OUT,) if want_lp else ())
     timed_out = bool(res.timed_out or res.killed_reason in ("timeout", "cpu_limit"))
     result, unrecorded = res.result, None
-    if not cfg.accept_printed_answers:
+    if not printed:
         result, unrecorded = await recorded_answer(res.solve, res.result, t)
     ex = Execution(exit_code=res.exit_code, timed_out=timed_out, stderr=res.stderr, result=result,
                    signal=None if timed_out else res.signal, unrecorded=unrecorded)
@@ -208,7 +217,7 @@ async def execute(code: str, item: Item, cfg: EvalConfig, want_lp: bool) -> tupl
     record = {
         "exit_code": res.exit_code, "signal": res.signal, "timed_out": timed_out, "wall_s": round(res.wall_s, 4),
         "killed_reason": res.killed_reason, "result": result, "printed": res.result, "mode": res.mode,
-        "answers": ANSWERS_PRINTED if cfg.accept_printed_answers else ANSWERS_RECORDED,
+        "answers": ANSWERS_PRINTED if printed else ANSWERS_RECORDED,
         "solve": None if solve is None else {k: v for k, v in solve.items() if k != "lp"}, "solves": len(res.solves),
         "stdout_tail": res.stdout[-_TAIL:], "stderr_tail": res.stderr[-_TAIL:], "lp_collected": lp is not None,
     }
@@ -247,7 +256,8 @@ async def run_job(job: Job, model: Model, cfg: EvalConfig, exec_sem: asyncio.Sem
         recorder.error({"benchmark": job.dataset.name, "item_id": job.item.id, "sample_index": job.sample_index,
                         "error": str(e), "status": e.status})
         return
-    code, rule = extract_code(chat.text)
+    answer = answer_of(chat.text, cfg.reasoning_mode, getattr(model, "splits_reasoning", False))
+    code, rule = extract_code(answer)
     syn = syntax_check(code) if code is not None else None
     is_b4o = job.item.reference_lp is not None
     exec_rec: dict[str, Any] | None = None
@@ -291,8 +301,9 @@ def plan_jobs(datasets: list[Dataset], cfg: EvalConfig, done: set[tuple[str, str
     for ds in datasets:
         proto = get_protocol(specs[ds.name].protocol or cfg.protocol)
         for item in ds.items:
-            msgs = build_messages(item, proto.name, ds.format)
-            ph = prompt_hash(msgs)
+            msgs = with_mode_prompt(build_messages(item, proto.name, ds.format), cfg.reasoning_mode,
+                                    cfg.think_max_prompt)
+            ph = prompt_hash(msgs, cfg.reasoning_mode)
             for s in range(n):
                 if (ds.name, item.id, s, ph, proto.tag) in done:
                     skipped += 1
