@@ -8,7 +8,8 @@ namespace; a minimal /dev. No /sys, no host /tmp, no host sockets. ``--unshare-a
 only with ``Limits.network``), ``--disable-userns``, ``--die-with-parent``, ``--new-session``,
 ``--cap-drop ALL``, ``--as-pid-1`` (the supervisor is init) and
 the seccomp filter of :func:`trex.sandbox._boot.seccomp_filter` (the bootstrap's outer stage puts
-it on descriptor 6).
+it on descriptor 6). :func:`root_plan` is that root's file list; ``namespaces`` mode, where bwrap
+cannot run, builds the same root from it in the bootstrap.
 """
 
 from __future__ import annotations
@@ -71,17 +72,31 @@ def minimal_binds(paths: Sequence[str]) -> list[str]:
     return kept
 
 
-def _root(roots: Sequence[str], network: bool) -> list[str]:
-    """bwrap options of the minimal root: /usr, the merged-/usr links, ``roots`` and a few /etc files."""
-    argv = ["--ro-bind", "/usr", "/usr"]
+def root_plan(roots: Sequence[str], network: bool) -> list[tuple[str, str, str]]:
+    """The minimal root's files, outermost first: ``("ro", path, "")`` read-only binds of ``/usr``, ``roots``
+    and a few /etc files, ``("link", path, target)`` the merged-/usr links (pure but for stat)."""
+    plan = [("ro", "/usr", "")]
     for name in _TOP_LINKS:
         host = "/" + name
         if os.path.islink(host):
-            argv += ["--symlink", os.readlink(host), host]
+            plan.append(("link", host, os.readlink(host)))
         elif os.path.isdir(host):
-            argv += ["--ro-bind", host, host]
-    for p in minimal_binds([*roots, *_ETC, *(_ETC_NET if network else ())]):
-        argv += ["--ro-bind", p, p]
+            plan.append(("ro", host, ""))
+    plan += [("ro", p, "") for p in minimal_binds([*roots, *_ETC, *(_ETC_NET if network else ())])]
+    return plan
+
+
+def plan_text(plan: Sequence[tuple[str, str, str]]) -> str:
+    """:func:`root_plan` as the bootstrap reads it (``namespaces`` mode builds the root itself): one
+    ``kind\tpath\ttarget`` line per entry."""
+    return "\n".join("\t".join(entry) for entry in plan)
+
+
+def _root(roots: Sequence[str], network: bool) -> list[str]:
+    """bwrap options of the minimal root (:func:`root_plan`), a fresh /proc and /dev, and the state folder."""
+    argv: list[str] = []
+    for kind, path, target in root_plan(roots, network):
+        argv += ["--symlink", target, path] if kind == "link" else ["--ro-bind", path, path]
     return [*argv, "--proc", "/proc", "--dev", "/dev", "--dir", STATE]
 
 
