@@ -237,7 +237,8 @@ def require_isolation(minimum: str, python: str | None = None) -> str:
     mode = isolation_mode(python)
     if ISOLATION_LEVELS.index(mode) < ISOLATION_LEVELS.index(minimum):
         hint = ("install bubblewrap (Debian package bubblewrap) and allow user namespaces"
-                if minimum == "kernel-fs" else "allow unprivileged user namespaces")
+                if minimum == "kernel-fs" else "allow unprivileged user namespaces with mounts and a fresh /proc")
+        hint += " (docs/cluster.md, 'Sandbox isolation')"
         raise RuntimeError(f"sandbox.minIsolation is {minimum} but only {mode} isolation is available here: {hint}")
     return mode
 
