@@ -250,6 +250,17 @@ def test_seccomp_denies_ptrace_mount_unshare_and_network_sockets(kernel_fs: str)
     assert res.stdout.splitlines()[-1] == "unix True"
 
 
+def test_kernel_knobs_in_proc_are_read_only(kernel_fs: str) -> None:
+    """/proc/sys and friends are global; a program whose uid maps to the caller's root must not write them
+    (the value written is the one read, so a failure of this test changes nothing)."""
+    res = _unguarded("import os\nfor knob in ('/proc/sys/kernel/pid_max', '/proc/sysrq-trigger'):\n"
+                     "    old = open(knob).read() if knob.startswith('/proc/sys/') else '0'\n"
+                     "    try:\n        open(knob, 'w').write(old)\n        print('WROTE', knob)\n"
+                     "    except OSError as exc:\n        print('DENIED', exc.errno)\n")
+    assert res.ok and res.mode == kernel_fs, res.stderr
+    assert "WROTE" not in res.stdout and res.stdout.count("DENIED") == 2, res.stdout
+
+
 def test_network_limit_keeps_inet_sockets_when_asked(kernel_fs: str) -> None:
     res = run_python("import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM).close()\nprint('ok')",
                      limits=Limits(network=True))

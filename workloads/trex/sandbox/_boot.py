@@ -490,6 +490,9 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
 
 
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")
+"""Entries of a fresh /proc bound read-only over themselves: the kernel's global knobs, which a run whose uid
+maps to the caller's root could write otherwise (sysctl permissions follow the global uid, not capabilities)."""
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 _DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
               ("stderr", "/proc/self/fd/2"))
@@ -513,12 +516,20 @@ def _bind_ro(src: str, dst: str) -> None:
     """Bind ``src`` (a folder or file, with what is mounted below it) read-only at ``dst``."""
     if os.path.isdir(src):
         os.makedirs(dst, exist_ok=True)
-    else:
+    elif not os.path.lexists(dst):
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         os.close(os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644))
     _mount(src, dst, None, _MS_BIND | _MS_REC)
     for point in _mount_points_under(dst):
         _mount("none", point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(point))
+
+
+def _mount_proc(target: str) -> None:
+    """A fresh /proc of this PID namespace at ``target``, with :data:`PROC_READ_ONLY` read-only."""
+    _mount("proc", target, "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    for knob in (f"{target}/{name}" for name in PROC_READ_ONLY):
+        if os.path.exists(knob):
+            _bind_ro(knob, knob)
 
 
 def _enter_root(cfg: dict[str, Any]) -> None:
@@ -550,7 +561,7 @@ def _enter_root(cfg: dict[str, Any]) -> None:
     _mount("tmpfs", dev + "/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=16m,mode=1777")
     _mount("none", dev, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(dev))
     os.mkdir(stage + "/proc")
-    _mount("proc", stage + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _mount_proc(stage + "/proc")
     quota = f"size={cfg['disk_mb']}m,mode=0755{owner}"
     for target, data in ((work, quota), (os.path.dirname(cfg["counter"]), f"size=1m,mode=0755{owner}")):
         os.makedirs(stage + target)
@@ -641,7 +652,7 @@ def _warm_job(msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         _setup_failed(exc, status_fd)
     if sup == 0:
         try:
-            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            _mount_proc("/proc")
             _drop_privileges(bool(cfg["network"]))
             _place_fds({STATUS_FD: status_fd, RECORDS_FD: records_fd, COLLECT_FD: collect_fd})
         except BaseException as exc:

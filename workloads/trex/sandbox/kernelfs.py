@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from trex.sandbox._boot import RUNS, SECCOMP_FD
+from trex.sandbox._boot import PROC_READ_ONLY, RUNS, SECCOMP_FD
 
 BWRAP_VAR = "TREX_SANDBOX_BWRAP"
 WORKDIR = "/sandbox"
@@ -93,11 +93,15 @@ def plan_text(plan: Sequence[tuple[str, str, str]]) -> str:
 
 
 def _root(roots: Sequence[str], network: bool) -> list[str]:
-    """bwrap options of the minimal root (:func:`root_plan`), a fresh /proc and /dev, and the state folder."""
+    """bwrap options of the minimal root (:func:`root_plan`), a fresh /proc (its global knobs read-only) and
+    /dev, and the state folder."""
     argv: list[str] = []
     for kind, path, target in root_plan(roots, network):
         argv += ["--symlink", target, path] if kind == "link" else ["--ro-bind", path, path]
-    return [*argv, "--proc", "/proc", "--dev", "/dev", "--dir", STATE]
+    argv += ["--proc", "/proc"]
+    for name in PROC_READ_ONLY:  # the host's entries: the same global knobs (net/ follows the reader's netns)
+        argv += ["--ro-bind-try", f"/proc/{name}", f"/proc/{name}"]
+    return [*argv, "--dev", "/dev", "--dir", STATE]
 
 
 def bwrap_command(bwrap: str, roots: Sequence[str], host_inputs: str, disk_mb: int, network: bool,

@@ -134,15 +134,20 @@ class SandboxResult:
 # isolation mode
 
 
-@functools.cache
 def namespaces_available(python: str | None = None) -> bool:
-    """Whether a ``namespaces`` run of ``python`` works here: user (or, as root, a uid of its own), mount, PID
-    and network namespaces, the minimal root and the seccomp filter (probed once per interpreter by a run)."""
+    """Whether a ``namespaces`` run of ``python`` (default: this interpreter) works here: user (or, as root, a
+    uid of its own), mount, PID and network namespaces, the minimal root and the seccomp filter."""
+    return _namespaces_available(python or sys.executable)
+
+
+@functools.cache
+def _namespaces_available(python: str) -> bool:
+    """Probed once per interpreter, by a run."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         probe = _run("import os\nos.listdir('.')\n", "namespaces", Limits(timeout_s=60.0, cpu_s=60), {}, (),
-                     python or sys.executable, None)
+                     python, None)
     except (OSError, KeyError, ValueError, subprocess.SubprocessError):
         return False
     return probe.ok
@@ -222,10 +227,11 @@ def isolation_mode(python: str | None = None) -> str:
         return "kernel-fs"
     if wanted == "kernel-fs":
         raise RuntimeError(f"{MODE_VAR}=kernel-fs but bubblewrap cannot run here (install the bubblewrap package)")
-    if namespaces_available(python or sys.executable):
+    if namespaces_available(python):
         return "namespaces"
     if wanted == "namespaces":
-        raise RuntimeError(f"{MODE_VAR}=namespaces but this kernel does not allow user namespaces here")
+        raise RuntimeError(f"{MODE_VAR}=namespaces but user namespaces with mounts and a fresh /proc are not "
+                           "allowed here")
     return "audit"
 
 
