@@ -4,7 +4,7 @@ Each run gets a private mount namespace whose root holds only read-only binds of
 merged-/usr symlinks), the interpreter's prefixes (stdlib and site-packages, not ``sys.path``
 entries such as an editable project tree), the licence file and ``Limits.read_paths``; a
 size-limited tmpfs work folder (:data:`WORKDIR`, the disk quota); a fresh /proc of its own PID
-namespace; a minimal /dev. No /sys, no host /tmp, no host sockets. ``--unshare-all`` (network
+namespace (its global knobs, ``_boot.PROC_READ_ONLY``, read-only); a minimal /dev. No /sys, no host /tmp, no host sockets. ``--unshare-all`` (network
 only with ``Limits.network``), ``--disable-userns``, ``--die-with-parent``, ``--new-session``,
 ``--cap-drop ALL``, ``--as-pid-1`` (the supervisor is init) and
 the seccomp filter of :func:`trex.sandbox._boot.seccomp_filter` (the bootstrap's outer stage puts
