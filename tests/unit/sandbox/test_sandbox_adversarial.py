@@ -250,6 +250,20 @@ def test_seccomp_denies_ptrace_mount_unshare_and_network_sockets(kernel_fs: str)
     assert res.stdout.splitlines()[-1] == "unix True"
 
 
+def test_bound_folders_are_read_only(kernel_fs: str, tmp_path: Path) -> None:
+    """Every host folder in the root (the interpreter's, ``read_paths``) is a read-only bind: no write reaches
+    the host even from a program whose uid owns the files there."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    targets = [shared / "planted.txt", Path(sys.prefix) / "planted.txt", Path("/usr/planted.txt")]
+    res = _unguarded(f"for t in {[str(t) for t in targets]!r}:\n    try:\n        open(t, 'w').write('x')\n"
+                     f"        print('WROTE', t)\n    except OSError as exc:\n        print('DENIED', exc.errno)\n",
+                     read_paths=(str(shared),))
+    assert res.ok and res.mode == kernel_fs, res.stderr
+    assert res.stdout.split() == ["DENIED", "30"] * 3, res.stdout  # EROFS
+    assert not any(t.exists() for t in targets)
+
+
 def test_kernel_knobs_in_proc_are_read_only(kernel_fs: str) -> None:
     """/proc/sys and friends are global; a program whose uid maps to the caller's root must not write them
     (the value written is the one read, so a failure of this test changes nothing)."""

@@ -512,24 +512,24 @@ def _mount_points_under(path: str) -> list[str]:
     return [p for p in points if p == path or p.startswith(top)]
 
 
-def _bind_ro(src: str, dst: str) -> None:
-    """Bind ``src`` (a folder or file, with what is mounted below it) read-only at ``dst``."""
+def _bind(src: str, dst: str) -> None:
+    """Bind ``src`` (a folder or file, with what is mounted below it) at ``dst``, creating the mount point."""
     if os.path.isdir(src):
         os.makedirs(dst, exist_ok=True)
-    elif not os.path.lexists(dst):
+    else:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         os.close(os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644))
     _mount(src, dst, None, _MS_BIND | _MS_REC)
-    for point in _mount_points_under(dst):
-        _mount("none", point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(point))
 
 
 def _mount_proc(target: str) -> None:
     """A fresh /proc of this PID namespace at ``target``, with :data:`PROC_READ_ONLY` read-only."""
-    _mount("proc", target, "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _mount("proc", target, "proc", flags)
     for knob in (f"{target}/{name}" for name in PROC_READ_ONLY):
-        if os.path.exists(knob):
-            _bind_ro(knob, knob)
+        if os.path.exists(knob):  # nothing is mounted below them in a fresh /proc
+            _mount(knob, knob, None, _MS_BIND)
+            _mount("none", knob, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
 
 
 def _enter_root(cfg: dict[str, Any]) -> None:
@@ -548,7 +548,10 @@ def _enter_root(cfg: dict[str, Any]) -> None:
             os.makedirs(os.path.dirname(stage + path), exist_ok=True)
             os.symlink(target, stage + path)
         else:
-            _bind_ro(path, stage + path)
+            _bind(path, stage + path)
+    for point in _mount_points_under(stage):  # the binds and what is mounted below them; the rest comes after
+        if point != stage:
+            _mount("none", point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(point))
     dev = stage + "/dev"
     os.mkdir(dev)
     _mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
