@@ -5,7 +5,8 @@ merged-/usr symlinks), the interpreter's prefixes (stdlib and site-packages, not
 entries such as an editable project tree), the licence file and ``Limits.read_paths``; a
 size-limited tmpfs work folder (:data:`WORKDIR`, the disk quota); a fresh /proc of its own PID
 namespace (its global knobs, ``_boot.PROC_READ_ONLY``, read-only); a minimal /dev. No /sys, no host /tmp, no host sockets. ``--unshare-all`` (network
-only with ``Limits.network``), ``--disable-userns``, ``--die-with-parent``, ``--new-session``,
+only with ``Limits.network``), ``--disable-userns`` (bwrap 0.8+; older ones, such as Ubuntu 22.04's
+0.6, rely on the seccomp filter alone to refuse new user namespaces), ``--die-with-parent``, ``--new-session``,
 ``--cap-drop ALL``, ``--as-pid-1`` (the supervisor is init) and
 the seccomp filter of :func:`trex.sandbox._boot.seccomp_filter` (the bootstrap's outer stage puts
 it on descriptor 6). :func:`root_plan` is that root's file list; ``namespaces`` mode, where bwrap
@@ -104,13 +105,38 @@ def _root(roots: Sequence[str], network: bool) -> list[str]:
     return [*argv, "--dev", "/dev", "--dir", STATE]
 
 
+@functools.cache
+def bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """The version ``bwrap --version`` reports (``bubblewrap 0.8.0`` -> (0, 8, 0)); () when it says none."""
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return parse_version(out)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``bubblewrap X.Y.Z`` -> (X, Y, Z); () for any other text (pure)."""
+    words = text.split()
+    if len(words) != 2 or words[0] != "bubblewrap":
+        return ()
+    parts = words[1].split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+
+
+DISABLE_USERNS_SINCE = (0, 8, 0)
+"""bwrap's ``--disable-userns`` first release."""
+
+
 def bwrap_command(bwrap: str, roots: Sequence[str], host_inputs: str, disk_mb: int, network: bool,
                   inner: Sequence[str]) -> list[str]:
     """The bwrap argv that runs ``inner`` in the minimal root described in the module docstring."""
     # --cap-drop: bwrap keeps a root caller's capabilities otherwise; --as-pid-1: the supervisor is the
     # namespace's init, which the program cannot signal.
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--as-pid-1"]
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--as-pid-1"]
+    if bwrap_version(bwrap) >= DISABLE_USERNS_SINCE:
+        argv.append("--disable-userns")
     if network:
         argv.append("--share-net")
     return [*argv, *_root(roots, network), "--size", str(disk_mb << 20), "--tmpfs", WORKDIR,
