@@ -7,7 +7,7 @@ Each engine runs in its own spawned ranks; per rank it reports the resident memo
 RSS minus the RSS before the model was built: everything the engine allocated), and tokens/s (median step
 of the timed steps, after a warm-up step). Engines are interleaved over ``--repeats`` rounds.
 
-    pip install 'trex[zero3]'          # DeepSpeed (its CPU accelerator; no ops are built)
+    pip install 'trex[zero3]'          # DeepSpeed; DS_ACCELERATOR=cpu (it JIT-builds its shared-memory comm op once)
     python benchmarks/zero3_side_by_side.py [--world 2] [--steps 6] [--repeats 3]
 """
 

@@ -209,6 +209,7 @@ def test_configs_check_modes_and_limits() -> None:
 
 
 def test_eval_cli_flags(tmp_path: Path) -> None:
+    from trex.config_base import ConfigError
     from trex.evaluation.cli import UsageError, _run_parser, build_config
 
     prompt = tmp_path / "max.txt"
@@ -217,7 +218,7 @@ def test_eval_cli_flags(tmp_path: Path) -> None:
     cfg = build_config(_run_parser().parse_args([*base, "--reasoning-mode", "think-max", "--think-max-prompt-file",
                                                  str(prompt)]))
     assert (cfg.reasoning_mode, cfg.think_max_prompt) == ("think-max", MAX)
-    with pytest.raises(ValidationError, match="thinkMaxPrompt: required"):
+    with pytest.raises(ConfigError, match="thinkMaxPrompt: required"):  # one line naming the field
         build_config(_run_parser().parse_args([*base, "--reasoning-mode", "think-max"]))
     with pytest.raises(UsageError, match="--think-max-prompt-file: file"):
         build_config(_run_parser().parse_args([*base, "--think-max-prompt-file", str(tmp_path / "none")]))
