@@ -84,6 +84,13 @@ def parse_records(data: bytes, offset: int) -> tuple[list[Record], int]:
     return out, offset
 
 
+def read_log(data: bytes, path: Path) -> tuple[dict[str, Any], list[Record], int]:
+    """A log's header, its good records and where they end (less than len(data) after a torn write)."""
+    header, offset = _read_header(data, path)
+    records, end = parse_records(data, offset)
+    return header, records, end
+
+
 def group_records(records: Sequence[Record], path: Path) -> dict[int, LoggedSample]:
     """Records per sample id, checking each sample's positions run 0, 1, 2, ..."""
     samples: dict[int, LoggedSample] = {}
@@ -121,12 +128,11 @@ class RolloutLog:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             if data:
-                found, offset = _read_header(data, self.path)
+                found, records, end = read_log(data, self.path)
                 expected = json.loads(json.dumps(header, sort_keys=True))
                 if found != expected:
                     key = next(k for k in sorted(set(found) | set(expected)) if found.get(k) != expected.get(k))
                     raise ValueError(f"{self.path}: the log belongs to another rollout ({key!r} differs)")
-                records, end = parse_records(data, offset)
                 samples = group_records(records, self.path)
                 if end != len(data):
                     os.ftruncate(fd, end)
