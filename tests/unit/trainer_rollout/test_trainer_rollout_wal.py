@@ -1,4 +1,4 @@
-"""The token write-ahead log: a rollout killed with SIGKILL mid-way and rerun on its log ends exactly as an
+"""The token write-ahead log: a rollout killed with SIGKILL (or preempted with SIGTERM) mid-way and rerun on its log ends exactly as an
 uninterrupted run (tokens and log-probs), a torn tail is dropped, a foreign log is refused, tokens of an
 older policy are marked stale, and resuming (unlike regenerating interrupted samples from scratch) leaves
 the batch's length distribution unbiased."""
@@ -29,8 +29,8 @@ def _assert_same(a: list[Rollout], b: list[Rollout]) -> None:
                                    torch.tensor(y.logprobs, dtype=torch.float64), rtol=0, atol=1e-10)
 
 
-def _kill_mid_rollout(log: Path, park_after: int) -> None:
-    """Run the fixed rollout in a worker process and SIGKILL it once it has logged park_after steps."""
+def _kill_mid_rollout(log: Path, park_after: int, sig: signal.Signals) -> None:
+    """Run the fixed rollout in a worker process and send it `sig` once it has logged park_after steps."""
     marker = log.with_suffix(".parked")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(WORKLOADS), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, str(HELPERS / "rollout_models.py"), str(log), str(marker),
@@ -41,16 +41,18 @@ def _kill_mid_rollout(log: Path, park_after: int) -> None:
             assert proc.poll() is None, f"worker exited early with {proc.returncode}"
             assert time.monotonic() < deadline, "worker never reached the kill point"
             time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
     finally:
         proc.kill()
         proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -sig
 
 
-def test_sigkill_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_worker_resumes_to_the_uninterrupted_rollout(tmp_path: Path, sig: signal.Signals) -> None:
     log = tmp_path / "rollout.wal"
-    _kill_mid_rollout(log, park_after=9)
+    _kill_mid_rollout(log, park_after=9, sig=sig)
     reference = kill_test_job(None)
     resumed = kill_test_job(str(log), policy_version=1)
     _assert_same(resumed, reference)
