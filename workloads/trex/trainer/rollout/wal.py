@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trex.fsio import fsync_dir
+
 MAGIC = b"TREXWAL1"
 _HEAD = struct.Struct("<I")
 _REC = struct.Struct("<qqiid")
@@ -139,6 +141,8 @@ class RolloutLog:
             else:
                 os.write(fd, _header_bytes(header))
             os.fsync(fd)
+            if not data:
+                fsync_dir(self.path.parent)  # the new file's entry survives a crash too
             os.lseek(fd, 0, os.SEEK_END)
         except BaseException:
             os.close(fd)
