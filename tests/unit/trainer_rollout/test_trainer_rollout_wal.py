@@ -49,7 +49,7 @@ def _kill_mid_rollout(log: Path, park_after: int, sig: signal.Signals) -> None:
     assert proc.returncode == -sig
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_killed_worker_resumes_to_the_uninterrupted_rollout(tmp_path: Path, sig: signal.Signals) -> None:
     log = tmp_path / "rollout.wal"
     _kill_mid_rollout(log, park_after=9, sig=sig)
