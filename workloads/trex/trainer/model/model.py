@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.attention import AttnContext, build_attention
+from trex.trainer.model.attention import AttentionCache, AttnContext, build_attention
 from trex.trainer.model.hc import HyperConnection, HyperHead
 from trex.trainer.model.init import Init, constant, explicit, fill, normal
 from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin, upcast
@@ -214,20 +214,25 @@ class DeepSeekModel(nn.Module):
 
     # --- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None, logits: bool = True) -> ModelOutput:
+                doc_ids: torch.Tensor | None = None, logits: bool = True,
+                cache: AttentionCache | None = None) -> ModelOutput:
         """input_ids [B, T] -> ModelOutput. doc_ids [B, T] isolates packed documents; position_ids
         default to positions restarting per document (plain 0..T-1 without doc_ids). ``logits=False``
         skips the output head and returns the normed hidden states instead, so the loss can fuse the
-        head with the cross-entropy and never hold [B, T, V] logits."""
+        head with the cross-entropy and never hold [B, T, V] logits. ``cache`` (decoding): the tokens
+        continue each row of the cache, every attention layer reads and extends it, and the MTP
+        modules are skipped (they do not change the trunk's logits)."""
         b, t = input_ids.shape
-        if position_ids is None:
+        if cache is not None:
+            position_ids = cache.positions(t)
+        elif position_ids is None:
             position_ids = (positions_from_docs(doc_ids) if doc_ids is not None
                             else torch.arange(t, device=input_ids.device).expand(b, t))
         rope_dtype = torch.float64 if self.embed_tokens.weight.dtype == torch.float64 else torch.float32
         cos, sin = rope_cos_sin(position_ids, self.args.qk_rope_head_dim, self.args.rope_theta, dtype=rope_dtype)
         mask = (causal_doc_mask(doc_ids, b, t, input_ids.device)
                 if doc_ids is not None and self.args.attention == "mla" else None)
-        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask)
+        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask, cache=cache)
         ctx.ropes[(self.args.rope_theta, self.args.qk_rope_head_dim)] = (cos, sin)
         acc = _Acc()
         n = self.args.hc_mult
@@ -237,7 +242,9 @@ class DeepSeekModel(nn.Module):
         h = self.hc_head(x) if self.hc_head is not None else x
         hidden = self.norm(h)
         mtp_hidden = []
-        for k, mod in enumerate(self.mtp):
+        if cache is not None:
+            cache.advance(t)
+        for k, mod in enumerate(self.mtp if cache is None else []):
             assert isinstance(mod, MTPModule)
             shifted = torch.zeros_like(input_ids)
             shifted[:, : t - k - 1] = input_ids[:, k + 1:]
