@@ -119,8 +119,10 @@ def test_resuming_does_not_bias_lengths_and_regenerating_does(tmp_path: Path) ->
     params = SamplingParams(temperature=1.0, max_new_tokens=48, stop_tokens=(0, 1, 2, 3))
     log = tmp_path / "rollout.wal"
 
+    cut = 8  # preempted after 8 decode steps: about a fifth of the samples have finished by then
+
     def preempt(step: int) -> None:
-        if step == 5:
+        if step == cut:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -130,7 +132,7 @@ def test_resuming_does_not_bias_lengths_and_regenerating_does(tmp_path: Path) ->
     independent = generate(model, prompts, params, seed=4)  # another draw of the same distribution
     assert [r.tokens for r in resumed] == [r.tokens for r in uninterrupted]
     # regenerate-from-scratch: keep what had finished when preempted, redraw the rest (fresh seed)
-    interrupted = generate(model, prompts, SamplingParams(temperature=1.0, max_new_tokens=5, stop_tokens=(0, 1, 2, 3)),
+    interrupted = generate(model, prompts, SamplingParams(temperature=1.0, max_new_tokens=cut, stop_tokens=(0, 1, 2, 3)),
                            seed=3)
     kept = [len(r.tokens) for r in interrupted if r.finish_reason == "stop"]
     redo = [p for p, r in zip(prompts, interrupted, strict=True) if r.finish_reason != "stop"]
