@@ -133,7 +133,7 @@ def test_thread_engine_copies_off_the_calling_thread() -> None:
         seen.append(threading.current_thread().name)
         gate.wait(5)
 
-    engine._pool.submit(blocker)
+    engine._pools[0].submit(blocker)
     h = engine.copy(dst, src)
     assert not h.done() and dst.sum() == 0  # still queued behind the blocked worker
     gate.set()
