@@ -271,10 +271,12 @@ class Trainer:
     def _fresh(self) -> tuple[nn.Module, Optimizers]:
         from trex.runtime.device import torch_dtype
         from trex.trainer.model import build_model
+        from trex.trainer.parallel.recompute import apply_recompute
 
         dtype = torch_dtype(self.cfg.model.dtype)
         if self.meshes is None:
             model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=dtype, seed=self.cfg.seed)
+            apply_recompute(model, self.cfg.recompute)
             opts = build_optimizers(model, dict(model.param_roles()), self.cfg.optimizer, ns_dtype=self._ns_dtype())
             return model, with_swap(opts, self.cfg.optimizer.swap, self.device.kind)
         from trex.trainer.parallel.muon import ShardedOrthogonalize
@@ -285,7 +287,8 @@ class Trainer:
         model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=master, seed=self.cfg.seed)
         roles: dict[str, str] = dict(model.param_roles())
         self.parallel = parallelize(model, self.dims, self.meshes, param_dtype=dtype,
-                                    reshard_after_forward=self.cfg.parallelism.reshard_after_forward)
+                                    reshard_after_forward=self.cfg.parallelism.reshard_after_forward,
+                                    recompute=self.cfg.recompute)
         opts = build_optimizers(model, roles, self.cfg.optimizer, ns_dtype=self._ns_dtype())
         if opts.muon is not None:
             opts.muon.orthogonalize = ShardedOrthogonalize(self.cfg.optimizer.muon.distributed, self.muon_group)

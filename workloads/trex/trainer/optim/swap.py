@@ -271,10 +271,23 @@ class SwapOptimizers(Optimizers):
                 g["params"] = params
 
 
-def with_swap(opts: Optimizers, cfg: SwapConfig, device_kind: str, engine: CopyEngine | None = None) -> Optimizers:
+def with_swap(opts: Optimizers, cfg: SwapConfig, device_kind: str, engine: CopyEngine | None = None,
+              bucket_bytes: int | None = None) -> Optimizers:
     """``opts`` itself when optimizer.swap is off, else a :class:`SwapOptimizers` around it (the device's copy
-    engine unless ``engine`` is given)."""
+    engine and bucketMb unless ``engine`` or ``bucket_bytes`` are given)."""
     if not cfg.enabled:
         return opts
-    return SwapOptimizers(opts, buffers=cfg.buffers, bucket_bytes=cfg.bucket_mb * 2**20,
+    return SwapOptimizers(opts, buffers=cfg.buffers, bucket_bytes=bucket_bytes or cfg.bucket_mb * 2**20,
                           engine=engine or make_copy_engine(device_kind), device_kind=device_kind)
+
+
+def summary(steps: Sequence[SwapStats]) -> dict[str, float | int]:
+    """The run's transfers for the termination summary: exposed seconds per step (mean), the overlap ratio
+    over all steps (hidden / total copy time), device bytes saved and bucket count (last step)."""
+    if not steps:
+        return {}
+    copy = sum(s.copy_seconds for s in steps)
+    exposed = sum(s.exposed_seconds for s in steps)
+    total = SwapStats(copy_seconds=copy, exposed_seconds=exposed)
+    return {"exposedSecondsPerStep": exposed / len(steps), "overlapRatio": total.overlap_ratio,
+            "deviceBytesSaved": steps[-1].bytes_saved, "buckets": steps[-1].buckets}
