@@ -34,7 +34,7 @@ def checkpointed(module: nn.Module) -> None:
     def forward(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
-    module.forward = forward  # type: ignore[method-assign]
+    module.forward = forward
 
 
 def apply_recompute(model: DeepSeekModel, mode: str) -> None:
