@@ -6,9 +6,10 @@ stacks, so Newton-Schulz sees complete matrices; with FSDP2 each rank moves only
 step walks the buckets in order with up to ``buffers`` of them on the device: while bucket i is updated,
 bucket i + 1 (up to i + buffers - 1) is copied in and bucket i - 1 is written back, through a
 :mod:`trex.runtime.copy_engine` engine. A copy-in into a buffer starts after the write-back of that
-buffer's previous bucket; the update of a bucket waits for its copy-in; the step ends when every
-write-back has landed, so the next step's first copy-in (and any checkpoint) sees the last write-back.
-The buffers are freed at the end of each step.
+buffer's previous bucket; the update of a bucket waits for its copy-in. The last write-backs of a step
+run on behind the next forward and backward: the next step, ``all()`` and ``state_dict()`` (what
+checkpoints read) first wait for them, so nothing reads a state before its write-back has landed. The
+buffers are freed once their last write-back is done, before the next step.
 
 The wrapper steps the existing optimizers on one bucket at a time (their param groups narrowed to the
 bucket), so the arithmetic is theirs and swap on is bit-identical to swap off; between steps each state
@@ -20,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -130,6 +132,8 @@ class SwapOptimizers(Optimizers):
         self.last: SwapStats | None = None
         """The last step's transfers."""
         self._host: dict[tuple[int, str], torch.Tensor] = {}
+        self._pending: list[CopyHandle] = []
+        """Write-backs of the last step that had not landed when it returned."""
 
     def _plan(self) -> list[Bucket]:
         out: list[Bucket] = []
@@ -177,12 +181,37 @@ class SwapOptimizers(Optimizers):
         """Bytes of optimizer state held in host memory."""
         return sum(t.numel() * t.element_size() for t in self._host.values())
 
+    def settle(self) -> tuple[float, float]:
+        """Wait for the last step's outstanding write-backs: (seconds waited, their copy seconds)."""
+        t0 = time.perf_counter()
+        for h in self._pending:
+            h.wait()
+        waited = time.perf_counter() - t0
+        copied = sum(h.seconds() for h in self._pending)
+        self._pending = []
+        return waited, copied
+
+    def all(self) -> list[torch.optim.Optimizer]:
+        """Both optimizers, their states current in host memory (outstanding write-backs waited for)."""
+        self.settle()
+        return super().all()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Both optimizer states, once every write-back has landed."""
+        self.settle()
+        return super().state_dict()
+
     # --- the step ---------------------------------------------------------------------------------
     def step(self) -> None:
-        """Update every bucket, streaming its states through the device buffers."""
+        """Update every bucket, streaming its states through the device buffers. The wait for the previous
+        step's last write-backs counts as this step's exposed time."""
         with torch.no_grad():
+            waited, copied = self.settle()
             self.offload()
-            self.last = self._step()
+            stats = self._step()
+            stats.exposed_seconds += waited
+            stats.copy_seconds += copied
+            self.last = stats
 
     def _step(self) -> SwapStats:
         stats = SwapStats(buckets=len(self.buckets))
@@ -232,12 +261,10 @@ class SwapOptimizers(Optimizers):
                 e.state.data = e.host
             slots[i % self.buffers].released = back
             handles.append(back)
-        self._sync_compute()
-        t0 = time.perf_counter()
-        for h in handles:
-            h.wait()
-        stats.exposed_seconds += time.perf_counter() - t0
-        stats.copy_seconds = sum(h.seconds() for h in handles)
+        # Copy-ins have all been waited for; write-backs still in flight finish behind the next forward.
+        done = [h.done() for h in handles]
+        self._pending = [h for h, d in zip(handles, done, strict=True) if not d]
+        stats.copy_seconds = sum(h.seconds() for h, d in zip(handles, done, strict=True) if d)
         stats.host_bytes = self.host_bytes()
         return stats
 
