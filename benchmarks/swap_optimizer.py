@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from trex.runtime.copy_engine import LatencyCopyEngine
 from trex.trainer.optim.build import Optimizers
 from trex.trainer.optim.muon import Muon

@@ -255,16 +255,16 @@ class SwapOptimizers(Optimizers):
             for e, v in zip(flight.entries, flight.views, strict=True):
                 e.state.data = v
             self._step_bucket(bucket)
-            done = self._entries(bucket)  # includes states the first step just created
-            back = self.engine.copy_many([(e.host, e.state.data) for e in done], to_host=True)
-            for e in done:
+            written = self._entries(bucket)  # includes states the first step just created
+            back = self.engine.copy_many([(e.host, e.state.data) for e in written], to_host=True)
+            for e in written:
                 e.state.data = e.host
             slots[i % self.buffers].released = back
             handles.append(back)
         # Copy-ins have all been waited for; write-backs still in flight finish behind the next forward.
-        done = [h.done() for h in handles]
-        self._pending = [h for h, d in zip(handles, done, strict=True) if not d]
-        stats.copy_seconds = sum(h.seconds() for h, d in zip(handles, done, strict=True) if d)
+        landed = [h.done() for h in handles]
+        self._pending = [h for h, d in zip(handles, landed, strict=True) if not d]
+        stats.copy_seconds = sum(h.seconds() for h, d in zip(handles, landed, strict=True) if d)
         stats.host_bytes = self.host_bytes()
         return stats
 
