@@ -1,7 +1,9 @@
 """The swap optimizer at 2 ranks (spawn, gloo): dp2 (FSDP2 shards, distributed Muon's owner exchange) and ep2
 (expert stacks sharded on the expert dimension), fp32 and bf16 models. After 5 steps every parameter and
 every Muon/AdamW state equals the run without swap bit for bit (one bucket per optimizer), and with small
-buckets on a simulated link with random per-copy delays equals the same buckets stepped in place."""
+buckets on a simulated link with random per-copy delays equals the same buckets stepped in place. Activation
+recompute (full on dp2, selective on ep2: the dispatch all-to-alls run again in the backward) equals the run
+without it."""
 
 from __future__ import annotations
 
@@ -24,11 +26,12 @@ from trex.trainer.optim.swap import SwapOptimizers
 STEPS = 5
 BUCKET = 24 * 1024
 LAYOUTS = {"dp2": ({}, "fp32"), "ep2": ({"ep": 2}, "bf16")}
-VARIANTS = ("off", "on", "small", "in-place")
+VARIANTS = ("off", "on", "small", "in-place", "recompute")
+RECOMPUTE = {"dp2": "full", "ep2": "selective"}
 
 
-def _cfg(ckpt: Path, layout: dict[str, Any], dtype: str, enabled: bool) -> TrainerConfig:
-    return load_section(TrainerConfig, {
+def _cfg(ckpt: Path, layout: dict[str, Any], dtype: str, enabled: bool, recompute: str = "none") -> TrainerConfig:
+    return load_section(TrainerConfig, {"recompute": recompute,
         "model": {"preset": "tiny", "dtype": dtype}, "maxSteps": STEPS, "parallelism": layout,
         "data": {"seqLen": 16, "microBatchSize": 1, "globalBatchSize": 2},
         "optimizer": {"schedule": {"warmupSteps": 1}, "swap": {"enabled": enabled}},
@@ -76,10 +79,12 @@ def _worker(rank: int, out: str) -> None:
                 else:
                     loop_mod.with_swap = swap.with_swap
                 root = Path(out) / f"{name}-{variant}"
-                tr = Trainer(_cfg(root / "ckpt", layout, dtype, variant != "off"), root, group=dist.group.WORLD,
+                swapped = variant not in ("off", "recompute")
+                recompute = RECOMPUTE[name] if variant == "recompute" else "none"
+                tr = Trainer(_cfg(root / "ckpt", layout, dtype, swapped, recompute), root, group=dist.group.WORLD,
                              measure_peak=False, log=lambda _m: None)
                 tr.run(STEPS)
-                assert variant == "off" or isinstance(tr.opts, SwapOptimizers)
+                assert swapped == isinstance(tr.opts, SwapOptimizers)
                 states = _states(tr)
                 if rank == 0:
                     torch.save(states, Path(out) / f"{name}-{variant}.pt")
@@ -108,3 +113,4 @@ def test_swap_at_two_ranks_is_bit_identical(layout: str, runs: Path) -> None:
     load = {v: torch.load(runs / f"{layout}-{v}.pt") for v in VARIANTS}
     _identical(load["off"], load["on"])
     _identical(load["in-place"], load["small"])
+    _identical(load["off"], load["recompute"])

@@ -48,6 +48,10 @@ class CopyHandle:
             return bool(self._events[1].query())
         return True
 
+    def leaves(self) -> list[CopyHandle]:
+        """The single copies this handle stands for (itself, or each copy of a ``copy_many``)."""
+        return [self]
+
     def seconds(self) -> float:
         """Duration of the copy itself (waits for it): worker time on threads, event time on streams."""
         self.wait()
@@ -93,6 +97,9 @@ class _AllHandle(CopyHandle):
 
     def done(self) -> bool:
         return all(h.done() for h in self._handles)
+
+    def leaves(self) -> list[CopyHandle]:
+        return [leaf for h in self._handles for leaf in h.leaves()]
 
     def seconds(self) -> float:
         return sum(h.seconds() for h in self._handles)
@@ -185,8 +192,8 @@ class StreamCopyEngine(CopyEngine):
         stream = self._streams[1 if to_host else 0]
         # The side stream must see every write the compute stream made to src before copying it.
         stream.wait_stream(self._mod.current_stream())
-        for h in after:
-            if h._events is not None:
+        for h in (leaf for dep in after for leaf in dep.leaves()):
+            if h._events is not None:  # ordered on the device, the caller does not block
                 stream.wait_event(h._events[1])
             else:
                 h.wait()
