@@ -25,6 +25,11 @@ LABEL org.opencontainers.image.title="trex-workload-ascend" \
       dev.trex.torch-npu.version="${TORCH_NPU_VERSION}"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# bubblewrap: the sandbox's kernel-fs isolation of generated solver programs (version of the base's Ubuntu release).
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap \
+ && rm -rf /var/lib/apt/lists/*
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}" \
  && pip install "torch-npu==${TORCH_NPU_VERSION}" \
  && if getent group HwHiAiUser >/dev/null; then groupmod --gid "${HWHIAIUSER_GID}" HwHiAiUser; \

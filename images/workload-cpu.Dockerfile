@@ -17,10 +17,11 @@ FROM python:3.12.11-slim-bookworm
 LABEL org.opencontainers.image.title="trex-workload-cpu" \
       org.opencontainers.image.source="https://github.com/trex-dev/trex" \
       org.opencontainers.image.licenses="Apache-2.0"
-# Debian's gcc is tracked by the pinned bookworm base image; package versions follow its point release.
+# gcc: the cpu-c kernel backend; bubblewrap: the sandbox's kernel-fs isolation of generated solver programs.
+# Debian's packages are tracked by the pinned bookworm base image; versions follow its point release.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && apt-get install -y --no-install-recommends gcc libc6-dev bubblewrap \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 trex && useradd --uid 65532 --gid 65532 --create-home --shell /usr/sbin/nologin trex
 COPY --from=build /opt/venv /opt/venv

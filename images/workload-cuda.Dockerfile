@@ -14,10 +14,11 @@ LABEL org.opencontainers.image.title="trex-workload-cuda" \
       org.opencontainers.image.source="https://github.com/trex-dev/trex" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
-# gcc: triton compiles its launchers at run time. Versions follow the pinned base image's Ubuntu release.
+# gcc: triton compiles its launchers at run time; bubblewrap: the sandbox's kernel-fs isolation of generated
+# solver programs. Versions follow the pinned base image's Ubuntu release.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && apt-get install -y --no-install-recommends gcc libc6-dev bubblewrap \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 trex && useradd --uid 65532 --gid 65532 --create-home --shell /usr/sbin/nologin trex
 COPY --from=build /wheels /wheels

@@ -267,8 +267,9 @@ def pod_security_context(image_user: bool = True) -> dict[str, Any]:
 
 def container_security_context() -> dict[str, Any]:
     """The container securityContext: no privilege escalation and no capabilities. The sandbox needs
-    none: it isolates with rlimits, a pids cgroup where writable, user/network namespaces where the
-    seccomp profile allows them (RuntimeDefault usually does not) and its in-process guards otherwise."""
+    none: it isolates with rlimits, a pids cgroup where writable, bubblewrap or its own user and mount
+    namespaces where the pod's seccomp, AppArmor and /proc settings allow them (RuntimeDefault does not;
+    docs/cluster.md lists what must be allowed) and its in-process guards otherwise."""
     return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
 
 

@@ -91,11 +91,29 @@ def structural(node: dict[str, Any], path: str = "") -> dict[str, Any]:
     return out
 
 
-def model_schema(model: type[Any]) -> dict[str, Any]:
-    """Structural schema of a pydantic model (aliases, validation mode)."""
+def model_schema(model: type[Any], cel: bool = False) -> dict[str, Any]:
+    """Structural schema of a pydantic model (aliases, validation mode); with ``cel``, every node of a model
+    that has CEL rules (trex_operator.cel) carries them as x-kubernetes-validations."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
+    if cel:
+        _add_cel(model, raw, defs)
     return structural(_resolve(raw, defs))
+
+
+def _add_cel(model: type[Any], root: dict[str, Any], defs: dict[str, Any]) -> None:
+    """Attach each reachable model's CEL rules to its schema node (the root or its $defs entry)."""
+    from trex_operator.cel import reachable, rules_for
+
+    for m in reachable(model):
+        found = rules_for(m)
+        if not found:
+            continue
+        names = (m.__name__, f"{m.__module__}.{m.__qualname__}".replace(".", "__"))
+        node = root if m is model else next((defs[n] for n in names if n in defs), None)
+        if node is None:
+            raise SchemaError(f"{m.__name__}: has CEL rules but no node in the {model.__name__} schema")
+        node["x-kubernetes-validations"] = found
 
 
 def _status_schema() -> dict[str, Any]:
@@ -114,7 +132,7 @@ def build_crd(kind: str) -> dict[str, Any]:
     model = KINDS[kind]
     spec_model = model.model_fields["spec"].annotation
     assert isinstance(spec_model, type)
-    spec_schema = model_schema(spec_model)
+    spec_schema = model_schema(spec_model, cel=True)
     columns = []
     for col in info.printer_columns:
         c: dict[str, Any] = {"name": col["name"], "type": col["type"], "jsonPath": col["jsonPath"]}

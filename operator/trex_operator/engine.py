@@ -129,7 +129,7 @@ def plan_job(body: dict[str, Any], observed: Observed) -> Plan:
         ctx.model = KINDS[job.kind].model_validate(envelope, by_alias=True, by_name=False)
         ctx.spec = ctx.model.spec
     except ValidationError as err:
-        lines = format_validation_error(err)
+        lines = format_validation_error(err, model=KINDS[job.kind])
         ctx.move("Failed", "InvalidSpec", "; ".join(lines)[:2000])
         plan.status = dump_status(status)
         return plan

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from trex.config_base import format_validation_error, load_section
+from trex.config_base import StrictLoader, format_validation_error, load_section
 
 from trex_operator.api import API_VERSION, KIND_INFO, KINDS, JobModel
 from trex_operator.defaults import ClusterDefaults, GangError, effective_gang
@@ -79,7 +79,7 @@ def check_document(file: str, index: int, doc: Any, defaults: ClusterDefaults | 
         model = load_section(KINDS[kind], doc)
     except ValidationError as err:
         problems = []
-        for line in format_validation_error(err):
+        for line in format_validation_error(err, model=KINDS[kind]):
             path, _, msg = line.partition(": ")
             problems.append(Problem(file, obj, path, msg))
         return Checked(file, index, doc, None, problems)
@@ -109,27 +109,9 @@ MAX_OBJECT_BYTES = 1572864
 """The largest object the API server stores (etcd's default request limit, 1.5 MiB), as JSON."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate mapping keys (plain YAML keeps the last one silently)."""
-
-
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[Any, int] = {}
-    for key_node, _value in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
 def load_documents(text: str) -> list[Any]:
     """The non-empty YAML documents of ``text``; yaml.YAMLError also on a duplicate key."""
-    return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
+    return [d for d in yaml.load_all(text, Loader=StrictLoader) if d is not None]
 
 
 def manifest_files(p: Path) -> list[Path]:

@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-CONTRACT_VERSION = "2"
+CONTRACT_VERSION = "3"
 """Version of every text below (prompt sets, answer layout, chat layout)."""
 
 DEFAULT_SET = "trex"
@@ -29,13 +29,118 @@ BOS, EOS, END, PAD = "<|bos|>", "<|eos|>", "<|end|>", "<|pad|>"
 ROLES = ("system", "user", "assistant")
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES), END)
 """Specials every trainer tokenizer has (ids 0..6 when trained here): padding, document bounds, chat roles."""
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+REASONING_TOKENS: tuple[str, ...] = (THINK_OPEN, THINK_CLOSE)
+"""Specials of the reasoning modes (:mod:`trex.reasoning`; ids 7, 8 when trained here for a run with a reasoning
+mode, which alone needs them)."""
 
-CHAT_TEMPLATE = (
-    "{{ '" + BOS + "' }}{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + '" + END + "' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
-)
-"""Jinja chat template of the Hugging Face export; the trainer's SFT packing produces the same tokens."""
+DSML = "｜DSML｜"
+CALLS_OPEN, CALLS_CLOSE = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"
+INVOKE_OPEN, INVOKE_CLOSE = f"<{DSML}invoke", f"</{DSML}invoke>"
+PARAM_OPEN, PARAM_CLOSE = f"<{DSML}parameter", f"</{DSML}parameter>"
+RESULT_OPEN, RESULT_CLOSE = "<tool_result>", "</tool_result>"
+TOOLS_INTRO = (
+    "## Tools\n\nTo call tools, end the answer with one block of this form (any number of invokes, any number of "
+    f"parameters each):\n\n{CALLS_OPEN}\n{INVOKE_OPEN} name=\"TOOL\">\n"
+    f"{PARAM_OPEN} name=\"PARAMETER\" string=\"true\">a string, written as is{PARAM_CLOSE}\n"
+    f"{PARAM_OPEN} name=\"PARAMETER\" string=\"false\">a JSON number, boolean, array or object{PARAM_CLOSE}\n"
+    f"{INVOKE_CLOSE}\n{CALLS_CLOSE}\n\nWith thinking on, reason inside {THINK_OPEN}...{THINK_CLOSE} before any "
+    f"call. Results come back as {RESULT_OPEN}...{RESULT_CLOSE}.\n\n### Tool schemas\n\n")
+"""The system-prompt section a message's ``tools`` add (then one JSON schema per line): DeepSeek-V4's DSML
+tool-call format (:mod:`trex.reasoning`)."""
+
+
+def _lit(text: str) -> str:
+    """``text`` as a Jinja string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+_TEMPLATE = r"""
+{%- set mode = reasoning_mode if reasoning_mode is defined and reasoning_mode else '' -%}
+{%- if mode and mode not in ['non-think', 'think-high', 'think-max'] -%}
+  {{- raise_exception('reasoning_mode must be non-think, think-high or think-max') -}}
+{%- endif -%}
+{%- set tmp = think_max_prompt if mode == 'think-max' and think_max_prompt is defined and think_max_prompt else '' -%}
+{%- if mode == 'think-max' and not tmp -%}
+  {{- raise_exception('think_max_prompt is required for reasoning_mode think-max') -}}
+{%- endif -%}
+{%- set ns = namespace(last_user=-1, tools=false) -%}
+{%- for m in messages -%}
+  {%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+  {%- if m.role == 'tool' or m.tools or m.tool_calls -%}{%- set ns.tools = true -%}{%- endif -%}
+  {%- if m.role not in ['system', 'user', 'assistant', 'tool'] -%}
+    {{- raise_exception('role ' ~ m.role ~ ' is not one of system, user, assistant, tool') -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if ns.tools and not mode -%}
+  {{- raise_exception('tools, tool calls and tool results need a reasoning_mode') -}}
+{%- endif -%}
+{{- @BOS@ -}}
+{%- if tmp and (not messages or messages[0].role != 'system') -%}{{- '<|system|>' + tmp + @END@ -}}{%- endif -%}
+{%- for m in messages -%}
+  {%- if m.role == 'tool' -%}
+    {%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|user|>' -}}{%- else -%}{{- '\n\n' -}}{%- endif -%}
+    {{- @RESULT_OPEN@ + (m.content or '') + @RESULT_CLOSE@ -}}
+    {%- if loop.last or loop.nextitem.role != 'tool' -%}{{- @END@ -}}{%- endif -%}
+  {%- elif m.role == 'assistant' -%}
+    {{- '<|assistant|>' -}}
+    {%- if mode and mode != 'non-think' and (ns.tools or loop.index0 > ns.last_user) -%}
+      {{- @THINK_OPEN@ + (m.reasoning_content or '') + @THINK_CLOSE@ -}}
+    {%- elif mode -%}
+      {{- @THINK_CLOSE@ -}}
+    {%- endif -%}
+    {{- m.content or '' -}}
+    {%- if m.tool_calls -%}
+      {{- '\n\n' + @CALLS_OPEN@ + '\n' -}}
+      {%- for c in m.tool_calls -%}
+        {%- set f = c.function if c.function is defined and c.function else c -%}
+        {%- if f.arguments is string -%}
+          {{- raise_exception('tool call arguments must be an object, not JSON text') -}}
+        {%- endif -%}
+        {{- @INVOKE_OPEN@ + ' name="' + f.name + '">\n' -}}
+        {%- for k, v in (f.arguments or {}).items() -%}
+          {{- @PARAM_OPEN@ + ' name="' + k + '" string="' + ('true' if v is string else 'false') + '">'
+              + (v if v is string else v | tojson) + @PARAM_CLOSE@ + '\n' -}}
+        {%- endfor -%}
+        {{- @INVOKE_CLOSE@ + '\n' -}}
+      {%- endfor -%}
+      {{- @CALLS_CLOSE@ -}}
+    {%- endif -%}
+    {{- @END@ -}}
+  {%- else -%}
+    {%- set body = (tmp if loop.first and m.role == 'system' else '') + (m.content or '') -%}
+    {{- '<|' + m.role + '|>' + body -}}
+    {%- if m.role == 'system' and m.tools -%}
+      {{- ('\n\n' if body else '') + @TOOLS_INTRO@ -}}
+      {%- for t in m.tools -%}{{- ('' if loop.first else '\n') + t | tojson(sort_keys=True) -}}{%- endfor -%}
+    {%- endif -%}
+    {{- @END@ -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<|assistant|>' -}}
+  {%- if mode -%}{{- @THINK_CLOSE@ if mode == 'non-think' else @THINK_OPEN@ -}}{%- endif -%}
+{%- endif -%}
+"""
+_SLOTS = {"BOS": BOS, "END": END, "THINK_OPEN": THINK_OPEN, "THINK_CLOSE": THINK_CLOSE, "CALLS_OPEN": CALLS_OPEN,
+          "CALLS_CLOSE": CALLS_CLOSE, "INVOKE_OPEN": INVOKE_OPEN, "INVOKE_CLOSE": INVOKE_CLOSE,
+          "PARAM_OPEN": PARAM_OPEN, "PARAM_CLOSE": PARAM_CLOSE, "RESULT_OPEN": RESULT_OPEN,
+          "RESULT_CLOSE": RESULT_CLOSE, "TOOLS_INTRO": TOOLS_INTRO}
+
+
+def _chat_template() -> str:
+    """The template with every @SLOT@ replaced by its constant as a Jinja literal."""
+    out = _TEMPLATE.strip()
+    for k, v in _SLOTS.items():
+        out = out.replace(f"@{k}@", _lit(v))
+    return out
+
+
+CHAT_TEMPLATE = _chat_template()
+"""Jinja chat template of the Hugging Face export (as transformers renders templates: its ``tojson``):
+the plain layout, or with ``reasoning_mode`` (and ``think_max_prompt``) passed to ``apply_chat_template``
+exactly the text :func:`trex.reasoning.render_text` produces, tools, DSML tool calls (arguments as objects)
+and tool results included; the trainer's SFT packing produces the same tokens."""
 
 
 def role_token(role: str) -> str:

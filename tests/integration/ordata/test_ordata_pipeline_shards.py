@@ -141,10 +141,15 @@ def test_cli_generate_merge_show(tmp_path: Path) -> None:
     out = tmp_path / "o"
     r = _trex("generate", "--count", "4", "--seed", "9", "--families", "knapsack,diet", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    r = _trex("merge", str(out))
+    r = _trex("merge", str(out), "--json")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["planned"] == 4
+    assert summary["planned"] == 4 and "crossShardDuplicates" in summary
+    assert all("_" not in k for k in summary), summary  # camelCase, as the termination summary
+    r = _trex("merge", str(out))
+    table = dict(line.rsplit(None, 1) for line in r.stdout.splitlines()[2:] if not line.startswith("  "))
+    assert table["planned"] == "4" and table["accepted"] == str(summary["accepted"])
+    assert table["crossShardDuplicates"] == str(sum(summary["crossShardDuplicates"].values()))
     sft = out / "merged" / "sft-00000.jsonl"
     first = json.loads(sft.read_text().splitlines()[0])
     r = _trex("show", f"{sft}:1")

@@ -29,6 +29,7 @@ WORLD2 = {
     "etp2": {"etp": 2},
     "tp2": {"tp": 2},
 }
+INIT_LAYOUTS = {"tp2xep2": {"tp": 2, "ep": 2}, "dp2xetp2": {"etp": 2}, "hsdp2x2": {"dpReplicate": 2}}
 WORLD4 = {
     "dp2xep2": {"ep": 2},
     "hsdp2x2": {"dpReplicate": 2},
@@ -55,6 +56,14 @@ def _cfg(ckpt: Path, layout: dict[str, Any], steps: int = STEPS, interval: int =
         "stability": {"enabled": False},
         "checkpoint": {"dir": str(ckpt), "intervalSteps": interval, "exportHf": False},
     })
+
+
+def _hf_cfg(ckpt: Path, layout: dict[str, Any], hf: Path) -> TrainerConfig:
+    """A DeepSeek-V3-shaped model (it has a transformers form) initialised from the folder ``hf``."""
+    return load_section(TrainerConfig, {
+        "model": {"preset": "tiny", "dtype": "fp64"}, "parallelism": layout,
+        "data": {"seqLen": 32, "microBatchSize": 2, "globalBatchSize": 8},
+        "checkpoint": {"dir": str(ckpt), "exportHf": False, "initFromHf": str(hf)}})
 
 
 def _bytes(cfg: TrainerConfig, tr: Any, world: int) -> dict[str, dict[str, int]]:
@@ -137,7 +146,19 @@ def _worker(rank: int, world: int, out: str, layouts: dict[str, dict[str, Any]])
                 (root / f"{name}.json").write_text(json.dumps(losses))
                 torch.save(state, root / f"{name}.pt")
                 (root / f"{name}-bytes.json").write_text(json.dumps(_bytes(cfg, tr, world)))
-        if world == 4:  # the CPU copy of the flagship example runs its own layout (ep2 x etp2 on 2 x 2)
+        if world == 4:
+            # Meta-device initialisation: the materialised shards of each layout are the single-process weights.
+            for name, layout in INIT_LAYOUTS.items():
+                cfg = _cfg(root / f"init-{name}", layout)
+                tr = Trainer(cfg, root, group=dist.group.WORLD, measure_peak=False, log=lambda _m: None)
+                state = tr.full_state_dict()
+                hf = _hf_cfg(root / f"hf-{name}", layout, root / "hf")
+                tr = Trainer(hf, root, group=dist.group.WORLD, measure_peak=False, log=lambda _m: None)
+                tr.prepare()
+                hf_state = tr.full_state_dict()
+                if rank == 0:
+                    torch.save({"init": state, "hf": hf_state}, root / f"init-{name}.pt")
+            # The CPU copy of the flagship example runs its own layout (ep2 x etp2 on 2 x 2).
             losses, _, tr = _run(_example_cfg(root / "example"), root, dist.group.WORLD, 1)
             if rank == 0:
                 (root / "example.json").write_text(json.dumps({"losses": losses, "step": tr.step,
@@ -160,7 +181,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], di
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trex.trainer.hf import save_hf
+    from trex.trainer.model import build_model
+
     out = tmp_path_factory.mktemp("parallel")
+    save_hf(build_model(_hf_cfg(out, {}, out).model, seed=123), out / "hf")  # the initFromHf source (another seed)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_worker, args=(4, str(out), WORLD4), nprocs=4, join=True)  # type: ignore[attr-defined,no-untyped-call]
     mp.spawn(_worker, args=(2, str(out), WORLD2), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
@@ -222,3 +247,24 @@ def test_memory_plan_equals_the_bytes_a_rank_holds(layout: str, runs: Path) -> N
     for key, planned in got["plan"].items():
         measured = got["measured"][key]
         assert measured > 0 and abs(measured - planned) <= 0.05 * planned, (key, measured, planned)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", INIT_LAYOUTS)
+def test_meta_initialisation_and_hf_init_match_single_process(layout: str, runs: Path, tmp_path: Path) -> None:
+    """A distributed model built on meta and materialised shard by shard starts at the single-process weights;
+    initFromHf loads the same weights into every layout."""
+    from trex.trainer.hf import load_hf
+    from trex.trainer.model import build_model
+
+    got = torch.load(runs / f"init-{layout}.pt")
+    cfg, hf_cfg = _cfg(tmp_path, {}), _hf_cfg(tmp_path, {}, tmp_path)
+    fresh = build_model(cfg.model, seed=cfg.seed).state_dict()
+    loaded = load_hf(runs / "hf", dtype=torch.float64).state_dict()
+    assert any(k.startswith("mtp.") for k in loaded)  # the MTP module came through too
+    assert not torch.equal(build_model(hf_cfg.model, seed=hf_cfg.seed).state_dict()["lm_head.weight"],
+                           loaded["lm_head.weight"])  # initFromHf changes the weights
+    for want, state in ((fresh, got["init"]), (loaded, got["hf"])):
+        assert sorted(state) == sorted(want)
+        for key, value in want.items():
+            assert torch.equal(state[key], value), key

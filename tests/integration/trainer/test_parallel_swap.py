@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import trex.trainer.loop as loop_mod
+import trex.trainer.build as build_mod
 from trex.config_base import load_section
 from trex.runtime.copy_engine import LatencyCopyEngine
 from trex.trainer.config import TrainerConfig
@@ -71,13 +71,13 @@ def _worker(rank: int, out: str) -> None:
         for name, (layout, dtype) in LAYOUTS.items():
             for variant in VARIANTS:
                 if variant == "small":
-                    loop_mod.with_swap = lambda o, c, k: swap.with_swap(  # type: ignore[assignment]
+                    build_mod.with_swap = lambda o, c, k: swap.with_swap(  # type: ignore[assignment]
                         o, c, k, engine=LatencyCopyEngine(2.0, jitter=2e-3, seed=rank), bucket_bytes=BUCKET)
                 elif variant == "in-place":
-                    loop_mod.with_swap = lambda o, c, k: _InPlace(  # type: ignore[assignment]
+                    build_mod.with_swap = lambda o, c, k: _InPlace(  # type: ignore[assignment]
                         o, buffers=2, bucket_bytes=BUCKET, engine=LatencyCopyEngine(1.0), device_kind=k)
                 else:
-                    loop_mod.with_swap = swap.with_swap
+                    build_mod.with_swap = swap.with_swap
                 root = Path(out) / f"{name}-{variant}"
                 swapped = variant not in ("off", "recompute")
                 recompute = RECOMPUTE[name] if variant == "recompute" else "none"

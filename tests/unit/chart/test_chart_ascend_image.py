@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from dockerfile import final_stage
 
 REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "images" / "workload-ascend.Dockerfile"
@@ -21,35 +22,12 @@ TORCH_NPU_MATRIX = {
 }
 
 
-def _instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of a Dockerfile: comments dropped, continuation lines joined."""
-    out: list[tuple[str, str]] = []
-    buf = ""
-    for line in text.splitlines():
-        if not buf and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.rstrip().endswith("\\"):
-            buf += line.rstrip()[:-1] + " "
-            continue
-        buf += line
-        word, _, rest = buf.strip().partition(" ")
-        out.append((word.upper(), rest.strip()))
-        buf = ""
-    return out
-
-
-def _final_stage() -> list[tuple[str, str]]:
-    ins = _instructions(DOCKERFILE.read_text())
-    last = max(i for i, (w, _) in enumerate(ins) if w == "FROM")
-    return ins[last:]
-
-
 def _args(stage: list[tuple[str, str]]) -> dict[str, str]:
     return dict(a.split("=", 1) for w, a in stage if w == "ARG" and "=" in a)
 
 
 def test_torch_npu_is_built_for_the_base_cann_release() -> None:
-    stage = _final_stage()
+    stage = final_stage(DOCKERFILE)
     cann = re.fullmatch(r"quay\.io/ascend/cann:([0-9A-Za-z.]+)-\S+", stage[0][1])
     assert cann, stage[0]
     args = _args(stage)
@@ -60,7 +38,7 @@ def test_torch_npu_is_built_for_the_base_cann_release() -> None:
 
 
 def test_cann_environment_is_kept() -> None:
-    stage = _final_stage()
+    stage = final_stage(DOCKERFILE)
     for word, args in stage:
         if word == "ENV" and "LD_LIBRARY_PATH=" in args:  # appending is fine; replacing loses CANN's paths
             assert re.search(r"LD_LIBRARY_PATH=\S*\$\{?LD_LIBRARY_PATH\}?", args), args
@@ -78,7 +56,7 @@ def test_cann_environment_is_kept() -> None:
 
 
 def test_runs_as_a_non_root_member_of_the_driver_group() -> None:
-    stage = _final_stage()
+    stage = final_stage(DOCKERFILE)
     run = " ".join(a for w, a in stage if w == "RUN")
     assert re.search(r'groupadd --gid "\$\{HWHIAIUSER_GID\}" HwHiAiUser', run)
     assert re.search(r"useradd --uid 65532 --gid 65532 --groups HwHiAiUser\b", run)

@@ -1,4 +1,5 @@
-"""images/: every Dockerfile is hadolint-clean, multi-stage, pinned and runs as a non-root user."""
+"""images/: every Dockerfile is hadolint-clean, multi-stage, pinned and runs as a non-root user; the workload
+images ship bubblewrap for the sandbox."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dockerfile import final_stage
 
 REPO = Path(__file__).resolve().parents[3]
 DOCKERFILES = sorted((REPO / "images").glob("*.Dockerfile"))
@@ -74,3 +76,15 @@ def test_build_script_reports_a_missing_engine(tmp_path: Path) -> None:
     bad = subprocess.run(["bash", str(REPO / "scripts" / "build_images.sh"), "--list", "nope"], capture_output=True,
                          text=True, timeout=30)
     assert bad.returncode == 64 and "no images/nope.Dockerfile" in bad.stderr
+
+
+@pytest.mark.parametrize("path", [p for p in DOCKERFILES if p.name.startswith("workload-")], ids=lambda p: p.name)
+def test_workload_images_install_bubblewrap(path: Path) -> None:
+    """The sandbox's kernel-fs isolation needs ``bwrap`` in the image that runs ORData and eval pods: an apt-get
+    install of the Debian/Ubuntu package in the final stage, as root (before its USER)."""
+    stage = final_stage(path)
+    installs = [i for i, (word, args) in enumerate(stage) if word == "RUN" and re.search(
+        r"apt-get install\b[^&;|]*\bbubblewrap\b", args)]
+    assert installs, f"{path.name}: the final stage does not apt-get install bubblewrap"
+    users = [i for i, (word, _) in enumerate(stage) if word == "USER"]
+    assert not users or installs[0] < users[0], f"{path.name}: bubblewrap must be installed before USER"

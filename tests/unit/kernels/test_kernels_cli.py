@@ -42,6 +42,8 @@ def test_tiny_tune_run_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     args = ["tune", "--suite", "none", "--kernels", "rope_fwd", "--budget-trials", "3", "--threads", "1",
             "--no-compile", "--out", str(out)]
     assert main(args) == 0
+    err = capsys.readouterr().err  # the progress line names the problem tuned, not a tiling parameter
+    assert "kernel=rope_fwd shape=" in err and "dtype=fp32" in err, err
     reg = registry.load(out / "registry.json")
     spec = get("rope_fwd")
     entry = registry.lookup(reg, "rope_fwd", spec.default_shapes[0], "fp32")

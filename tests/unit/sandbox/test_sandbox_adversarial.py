@@ -2,9 +2,10 @@
 
 Each bypass is tried twice where it matters: by the program itself (the guard must refuse it in every
 mode) and by an *unguarded* interpreter the program starts (``allow_subprocess``), which only the kernel
-can stop. The unguarded attempts must fail in ``kernel-fs`` mode; in weaker modes the run reports its
-mode honestly and the unguarded attempt is not asserted to fail (it succeeds there; that is why
-``sandbox.minIsolation`` exists).
+can stop. The unguarded attempts must fail in ``kernel-fs`` mode (bubblewrap, warm and cold) and in
+``namespaces`` mode (the same minimal root, set up by the bootstrap itself), each reporting its own
+mode; in ``audit`` mode the run reports its mode honestly and the unguarded attempt is not asserted to
+fail (it succeeds there; that is why ``sandbox.minIsolation`` exists).
 """
 
 from __future__ import annotations
@@ -39,14 +40,19 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-@pytest.fixture(params=["warm", "cold"])
-def kernel_fs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """kernel-fs through the warm fork server inside bwrap, and cold (bwrap per run)."""
-    if not KERNEL_FS:
+@pytest.fixture(params=["kernel-fs/warm", "kernel-fs/cold", "namespaces/zygote", "namespaces/exec"])
+def kernel_fs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A mode with a kernel file-system boundary: kernel-fs through the warm fork server inside bwrap and
+    cold (bwrap per run); namespaces through its fork server and from a fresh interpreter per run."""
+    isolation, launcher = str(request.param).split("/")
+    if isolation == "kernel-fs" and not KERNEL_FS:
         pytest.skip("bubblewrap cannot run here: kernel-fs checks need it (make test installs it)")
-    monkeypatch.setenv(MODE_VAR, "kernel-fs")
-    monkeypatch.setenv(ZYGOTE_VAR, "auto")
-    monkeypatch.setenv(WARM_VAR, "auto" if request.param == "warm" else "off")
+    if isolation == "namespaces" and not namespaces_available():
+        pytest.skip("user namespaces are not available here: namespaces checks need them")
+    monkeypatch.setenv(MODE_VAR, isolation)
+    monkeypatch.setenv(ZYGOTE_VAR, "off" if launcher == "exec" else "auto")
+    monkeypatch.setenv(WARM_VAR, "off" if launcher == "cold" else "auto")
+    return isolation
 
 
 def _src(text: str) -> str:
@@ -89,10 +95,10 @@ def test_proc_task_root_does_not_lead_to_host_files(mode: str, secret: Path) -> 
     assert "GROUND-TRUTH" not in res.stdout and res.stdout.count("DENIED") == 4, res.stdout + res.stderr
 
 
-def test_proc_task_root_unguarded_is_stopped_by_the_kernel(kernel_fs: None, secret: Path) -> None:
+def test_proc_task_root_unguarded_is_stopped_by_the_kernel(kernel_fs: str, secret: Path) -> None:
     res = _unguarded(f"import os\nt = os.listdir('/proc/self/task')[0]\n"
                      f"print(open(f'/proc/self/task/{{t}}/root{secret}').read())")
-    assert res.mode == "kernel-fs"
+    assert res.mode == kernel_fs
     assert "GROUND-TRUTH" not in res.stdout and "FileNotFoundError" in res.stderr, res.stdout + res.stderr
 
 
@@ -113,9 +119,10 @@ def test_ctypes_dlsym_handle_is_refused(mode: str, secret: Path) -> None:
     assert "OPENED" not in res.stdout and res.stdout.count("DENIED") == 3, res.stdout + res.stderr
 
 
-def test_libc_open_unguarded_finds_no_host_file(kernel_fs: None, secret: Path) -> None:
+def test_libc_open_unguarded_finds_no_host_file(kernel_fs: str, secret: Path) -> None:
     res = _unguarded(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                      f"print('FD', libc.open({str(secret).encode()!r}, 0), ctypes.get_errno())")
+    assert res.mode == kernel_fs
     assert res.stdout.split() == ["FD", "-1", "2"], res.stdout + res.stderr  # ENOENT: not in this file system
 
 
@@ -151,12 +158,13 @@ def test_unix_sockets_outside_the_folder_are_refused(mode: str, tmp_path: Path, 
     assert not (tmp_path / "planted.sock").exists()
 
 
-def test_unix_socket_unguarded_cannot_reach_the_caller(kernel_fs: None, tmp_path: Path,
+def test_unix_socket_unguarded_cannot_reach_the_caller(kernel_fs: str, tmp_path: Path,
                                                         host_unix_socket: Path) -> None:
     res = _unguarded(f"import socket\ns = socket.socket(socket.AF_UNIX)\n"
                      f"try:\n    s.connect({str(host_unix_socket)!r})\n    print('REACHED')\n"
                      f"except OSError as e:\n    print('DENIED', e.errno)\n"
                      f"s2 = socket.socket(socket.AF_UNIX)\ns2.bind({str(tmp_path / 'planted.sock')!r})\n")
+    assert res.mode == kernel_fs
     assert "DENIED 2" in res.stdout, res.stdout + res.stderr  # ENOENT: the caller's socket is not there
     assert not (tmp_path / "planted.sock").exists()
 
@@ -194,7 +202,7 @@ def test_other_processes_cmdline_and_environ_are_out_of_reach(mode: str, truth_h
     assert truth_holder not in res.stdout + res.stderr and "FOUND" not in res.stdout
 
 
-def test_ground_truth_unguarded_is_out_of_reach(kernel_fs: None, truth_holder: str, secret: Path) -> None:
+def test_ground_truth_unguarded_is_out_of_reach(kernel_fs: str, truth_holder: str, secret: Path) -> None:
     res = _unguarded(THEFT + _src(f"""
         for path in ({str(secret)!r}, {str(REPO / "pyproject.toml")!r}, "/sys/kernel"):
             print(path, os.path.exists(path))
@@ -203,7 +211,7 @@ def test_ground_truth_unguarded_is_out_of_reach(kernel_fs: None, truth_holder: s
         print("host /tmp", os.path.isdir("/tmp") and bool(set(os.listdir("/tmp")) & set(host_tmp) - {INTERPRETER_TOP!r}))
         print("other runs' inputs", os.path.isdir("/.trex-runs") and bool(os.listdir("/.trex-runs")))
     """))
-    assert res.ok, res.stderr
+    assert res.ok and res.mode == kernel_fs, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].startswith("NOTHING"), res.stdout
     assert all(line.endswith("False") for line in lines[1:]), res.stdout  # no benchmark, tree, /sys, host /tmp
@@ -230,9 +238,9 @@ SYSCALLS = _src("""
 """)
 
 
-def test_seccomp_denies_ptrace_mount_unshare_and_network_sockets(kernel_fs: None) -> None:
+def test_seccomp_denies_ptrace_mount_unshare_and_network_sockets(kernel_fs: str) -> None:
     res = _unguarded(SYSCALLS)
-    assert res.ok, res.stderr
+    assert res.ok and res.mode == kernel_fs, res.stderr
     assert res.stdout.splitlines()[-2] == "caps " + " ".join(["0000000000000000"] * 3), res.stdout
     errnos = [line.split()[-1] for line in res.stdout.splitlines()[:-2]]
     assert errnos[:4] == ["1", "1", "1", "1"], res.stdout  # EPERM: ptrace x2, unshare, mount
@@ -242,13 +250,38 @@ def test_seccomp_denies_ptrace_mount_unshare_and_network_sockets(kernel_fs: None
     assert res.stdout.splitlines()[-1] == "unix True"
 
 
-def test_network_limit_keeps_inet_sockets_when_asked(kernel_fs: None) -> None:
+def test_bound_folders_are_read_only(kernel_fs: str, tmp_path: Path) -> None:
+    """Every host folder in the root (the interpreter's, ``read_paths``) is a read-only bind: no write reaches
+    the host even from a program whose uid owns the files there."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    targets = [shared / "planted.txt", Path(sys.prefix) / "planted.txt", Path("/usr/planted.txt")]
+    res = _unguarded(f"for t in {[str(t) for t in targets]!r}:\n    try:\n        open(t, 'w').write('x')\n"
+                     f"        print('WROTE', t)\n    except OSError as exc:\n        print('DENIED', exc.errno)\n",
+                     read_paths=(str(shared),))
+    assert res.ok and res.mode == kernel_fs, res.stderr
+    assert res.stdout.split() == ["DENIED", "30"] * 3, res.stdout  # EROFS
+    assert not any(t.exists() for t in targets)
+
+
+def test_kernel_knobs_in_proc_are_read_only(kernel_fs: str) -> None:
+    """/proc/sys and friends are global; a program whose uid maps to the caller's root must not write them
+    (the value written is the one read, so a failure of this test changes nothing)."""
+    res = _unguarded("import os\nfor knob in ('/proc/sys/kernel/pid_max', '/proc/sysrq-trigger'):\n"
+                     "    old = open(knob).read() if knob.startswith('/proc/sys/') else '0'\n"
+                     "    try:\n        open(knob, 'w').write(old)\n        print('WROTE', knob)\n"
+                     "    except OSError as exc:\n        print('DENIED', exc.errno)\n")
+    assert res.ok and res.mode == kernel_fs, res.stderr
+    assert "WROTE" not in res.stdout and res.stdout.count("DENIED") == 2, res.stdout
+
+
+def test_network_limit_keeps_inet_sockets_when_asked(kernel_fs: str) -> None:
     res = run_python("import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM).close()\nprint('ok')",
                      limits=Limits(network=True))
-    assert res.ok and res.stdout == "ok\n", res.stderr
+    assert res.ok and res.stdout == "ok\n" and res.mode == kernel_fs, res.stderr
 
 
-def test_tmpfs_quota_stops_a_disk_filler(kernel_fs: None) -> None:
+def test_tmpfs_quota_stops_a_disk_filler(kernel_fs: str) -> None:
     code = _src("""
         i = 0
         while True:
@@ -257,7 +290,7 @@ def test_tmpfs_quota_stops_a_disk_filler(kernel_fs: None) -> None:
             i += 1
     """)
     res = run_python(code, limits=Limits(timeout_s=30.0, max_disk_mb=8, max_file_mb=4))
-    assert not res.ok and res.killed_reason == "disk_limit", res.stderr[-500:]
+    assert not res.ok and res.killed_reason == "disk_limit" and res.mode == kernel_fs, res.stderr[-500:]
 
 
 # --- forged and solver-less results -------------------------------------------------------------------------
@@ -303,6 +336,11 @@ def test_min_isolation_refuses_weaker_modes(monkeypatch: pytest.MonkeyPatch) -> 
             require_isolation(level)
     with pytest.raises(ValueError, match="minIsolation"):
         require_isolation("strong")
+    if namespaces_available():
+        monkeypatch.setenv(MODE_VAR, "namespaces")  # the same minimal root, but not bubblewrap's: said so
+        assert require_isolation("namespaces") == "namespaces"
+        with pytest.raises(RuntimeError, match="minIsolation is kernel-fs but only namespaces"):
+            require_isolation("kernel-fs")
     if KERNEL_FS:
         monkeypatch.setenv(MODE_VAR, "auto")
         assert require_isolation("kernel-fs") == "kernel-fs"

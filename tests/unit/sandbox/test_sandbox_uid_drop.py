@@ -51,22 +51,32 @@ def test_runs_as_a_uid_of_its_own(launcher: str) -> None:
 
 
 def test_kernel_denies_private_files_and_writes_outside(launcher: str, tmp_path: Path) -> None:
-    secret = tmp_path / "secret.txt"
+    """A private file in a folder bound into the root (``read_paths``) stays unreadable to the run's uid; the
+    folder is read-only; a host file outside the bound paths is not in the run's root at all."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    secret = shared / "secret.txt"
     secret.write_text("TOP-SECRET-7")
     secret.chmod(0o600)
-    victim = tmp_path / "created-by-sandbox"
+    victim = shared / "created-by-sandbox"
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("TOP-SECRET-8")
+    elsewhere.chmod(0o644)
     code = textwrap.dedent(f"""
         import subprocess
-        for argv in (["cat", {str(secret)!r}], ["touch", {str(victim)!r}], ["id", "-u"]):
+        for argv in (["cat", {str(secret)!r}], ["touch", {str(victim)!r}], ["id", "-u"],
+                     ["head", {str(elsewhere)!r}]):
             p = subprocess.run(argv, capture_output=True, text=True)
             print(argv[0], p.returncode, p.stdout.strip(), p.stderr.strip())
     """)
-    res = run_python(code, python=PYTHON, limits=Limits(timeout_s=30.0, allow_subprocess=True))
+    res = run_python(code, python=PYTHON, limits=Limits(timeout_s=30.0, allow_subprocess=True,
+                                                        read_paths=(str(shared),)))
     assert res.ok, res.stderr
     lines = {ln.split()[0]: ln for ln in res.stdout.splitlines()}
-    assert "TOP-SECRET-7" not in res.stdout
-    assert "Permission denied" in lines["cat"] and "Permission denied" in lines["touch"]
-    assert not victim.exists()
+    assert "TOP-SECRET" not in res.stdout
+    assert "Permission denied" in lines["cat"], lines
+    assert lines["touch"].split()[1] != "0" and not victim.exists(), lines
+    assert "No such file or directory" in lines["head"], lines
     assert lines["id"].split()[2] == str(res.uid)
 
 

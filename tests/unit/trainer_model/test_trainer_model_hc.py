@@ -23,8 +23,8 @@ def test_sinkhorn_is_doubly_stochastic() -> None:
 def test_hyper_connection_mappings_doubly_stochastic_and_bounded() -> None:
     torch.manual_seed(1)
     hc = HyperConnection(4, 16, sinkhorn_iters=20)
-    hc.reset_static()
     with torch.no_grad():
+        hc.base.copy_(hc.static_base())
         hc.fn.normal_(0, 0.05)
         hc.scale.fill_(1.0)
         hc.base.add_(torch.randn(24))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-import trex.trainer.loop as loop_mod
+import trex.trainer.build as build_mod
 from trex.config_base import load_section
 from trex.runtime.copy_engine import LatencyCopyEngine
 from trex.trainer.config import TrainerConfig
@@ -68,7 +68,7 @@ def jittery(monkeypatch: pytest.MonkeyPatch) -> None:
         return swap.with_swap(opts, cfg, kind, engine=LatencyCopyEngine(2.0, jitter=2e-3, seed=next(seeds)),
                               bucket_bytes=BUCKET)
 
-    monkeypatch.setattr(loop_mod, "with_swap", make)
+    monkeypatch.setattr(build_mod, "with_swap", make)
 
 
 class InPlaceBuckets(SwapOptimizers):
@@ -90,7 +90,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, t
 def bucketed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
     torch.set_num_threads(1)
     mp = pytest.MonkeyPatch()
-    mp.setattr(loop_mod, "with_swap", lambda o, c, k: InPlaceBuckets(o, buffers=2, bucket_bytes=BUCKET,
+    mp.setattr(build_mod, "with_swap", lambda o, c, k: InPlaceBuckets(o, buffers=2, bucket_bytes=BUCKET,
                                                                     engine=LatencyCopyEngine(1.0), device_kind=k))
     try:
         return {dtype: _states(_run(tmp_path_factory.mktemp(dtype), dtype, True)) for dtype in ("fp32", "bf16")}

@@ -5,6 +5,7 @@ Examples::
     trex eval --benchmark nl4opt=NL4OPT.jsonl --benchmark bench4opt=bench4opt.tar.gz \\
         --model openai:http://127.0.0.1:8000/v1#qwen --protocol strict --k 1 --out eval-out
     trex eval --config eval.yaml --limit 20
+    trex eval --config evaljob.yaml --set model.sampling.temperature=0.7 --print-config
     trex eval --benchmark nl4opt=NL4OPT.jsonl --model reference --out ref-check
     trex eval report eval-out --against eval-baseline
 
@@ -22,8 +23,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trex.config_base import format_validation_error, load_section, load_yaml_config
+from trex.config_base import ConfigError, config_data, dump_config, format_validation_error, resolve_config
 from trex.evaluation.config import BENCHMARK_NAMES, EvalConfig
+from trex.reasoning import REASONING_MODES
 
 PROTOCOLS = ("strict", "orlm", "mamo", "optibench", "sirl")
 
@@ -39,7 +41,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _run_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="trex eval", description="Evaluate a model on OR benchmarks (zero-shot, sandboxed execution).")
-    p.add_argument("--config", help="EvalConfig YAML (the `evaluation` section or the whole file)")
+    p.add_argument("--config", help="EvalConfig YAML (the whole file, its `evaluation` section, or an EvalJob "
+                   "manifest's spec.evaluation)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="overrides",
+                   help="override one field, camelCase path (repeatable), e.g. --set model.concurrency=4")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
     p.add_argument("--benchmark", action="append", default=[], metavar="NAME=PATH",
                    help=f"benchmark to run (repeatable); NAME in {', '.join(BENCHMARK_NAMES)}")
     p.add_argument("--model", help="openai:URL#MODEL | transformers:DIR | trex-checkpoint:DIR | reference")
@@ -53,21 +59,17 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="programs executed at once")
     p.add_argument("--timeout-s", type=float, help="per-program execution time limit (s)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--reasoning-mode", choices=REASONING_MODES, help="DeepSeek-V4 reasoning mode (trex.reasoning)")
+    p.add_argument("--think-max-prompt-file", metavar="FILE", help="think-max: file holding its system prompt")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
 
 def build_config(args: argparse.Namespace) -> EvalConfig:
-    """EvalConfig from --config and the flags (flags override the file)."""
+    """EvalConfig from --config, the flags, then the --set overrides (each overrides what came before)."""
     from trex.evaluation.models import parse_model_arg
 
-    if args.config:
-        if not os.path.isfile(args.config):
-            raise UsageError(f"--config: file {args.config!r} does not exist")
-        cfg = load_yaml_config(EvalConfig, args.config, section="evaluation")
-        data: dict[str, Any] = cfg.model_dump(mode="json", by_alias=True, exclude_unset=True)
-    else:
-        data = {}
+    data = config_data(args.config, "EvalJob", "evaluation")
     if args.benchmark:
         benches = []
         for spec in args.benchmark:
@@ -82,7 +84,8 @@ def build_config(args: argparse.Namespace) -> EvalConfig:
         if args.limit <= 0:
             raise UsageError(f"--limit must be > 0, got {args.limit}")
         for b in data.get("benchmarks", []):
-            b["limit"] = args.limit
+            if isinstance(b, dict):
+                b["limit"] = args.limit
     if args.model:
         try:
             m = parse_model_arg(args.model)
@@ -111,11 +114,18 @@ def build_config(args: argparse.Namespace) -> EvalConfig:
         data["output"] = args.out
     if args.metrics_port is not None:
         data["metricsPort"] = args.metrics_port
-    if not data.get("benchmarks"):
+    if args.reasoning_mode:
+        data["reasoningMode"] = args.reasoning_mode
+    if args.think_max_prompt_file:
+        if not os.path.isfile(args.think_max_prompt_file):
+            raise UsageError(f"--think-max-prompt-file: file {args.think_max_prompt_file!r} does not exist")
+        with open(args.think_max_prompt_file, encoding="utf-8") as fh:
+            data["thinkMaxPrompt"] = fh.read()
+    if not data.get("benchmarks") and not any(o.startswith("benchmarks") for o in args.overrides):
         raise UsageError("no benchmarks: pass --benchmark NAME=PATH or --config with benchmarks")
     if not args.model and not args.config:
         raise UsageError("no model: pass --model (openai:URL#MODEL, transformers:DIR, trex-checkpoint:DIR, reference)")
-    return load_section(EvalConfig, data)
+    return resolve_config(EvalConfig, data, args.overrides)
 
 
 def _serve_metrics(cfg: EvalConfig) -> Any:
@@ -140,8 +150,11 @@ def cmd_run(argv: list[str]) -> int:
 
     args = _run_parser().parse_args(argv)
     cfg = build_config(args)
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
     try:
-        model = build_model(cfg.model, request_timeout_s=cfg.timeouts.request_s)
+        model = build_model(cfg.model, request_timeout_s=cfg.timeouts.request_s, reasoning_mode=cfg.reasoning_mode)
     except (ValueError, OSError) as e:
         raise UsageError(f"model: {e}") from None
     exporter = _serve_metrics(cfg)
@@ -150,9 +163,9 @@ def cmd_run(argv: list[str]) -> int:
     def on_progress(done: int, total: int) -> None:
         if args.quiet:
             return
-        if "p" not in progress:
+        if "p" not in progress:  # first call: before any request, with the samples a rerun resumes
             progress["p"] = Progress("eval", total).__enter__()
-            progress["p"].done = done - 1
+            progress["p"].done = done
         progress["p"].update(done - progress["p"].done)
 
     try:
@@ -199,11 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         if args and args[0] == "report":
             return cmd_report(args[1:])
         return cmd_run(args)
-    except UsageError as e:
+    except (UsageError, ConfigError) as e:
         print(f"trex eval: error: {e}", file=sys.stderr)
         return 2
     except ValidationError as e:
-        print("trex eval: error: " + "; ".join(format_validation_error(e)), file=sys.stderr)
+        print("trex eval: error: " + "; ".join(format_validation_error(e, model=EvalConfig)), file=sys.stderr)
         return 2
     except ValueError as e:
         print(f"trex eval: error: {e}", file=sys.stderr)

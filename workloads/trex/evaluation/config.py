@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trex.config_base import TrexModel
+from trex.reasoning import ReasoningMode, mode_problems
 
 BENCHMARK_NAMES: tuple[str, ...] = (
     "nl4opt", "mamo_easy", "mamo_complex", "optibench", "nl4opt_e", "industryor", "industryor_fixed",
@@ -114,8 +115,8 @@ class EvalConfig(TrexModel):
     """Model under evaluation."""
     protocol: Protocol = "strict"
     """Default scoring protocol."""
-    k: list[int] = Field(default_factory=lambda: [1], min_length=1)
-    """pass@k values reported (samples per item = max(k))."""
+    k: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
+    """pass@k values reported (samples per item = max(k)); at most 16, which also bounds the CRD rule over them."""
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     """Time limits."""
     orgeval: bool = True
@@ -133,9 +134,20 @@ class EvalConfig(TrexModel):
     """Serve Prometheus metrics on this port (unset: TREX_METRICS_PORT if set, else not served)."""
     output: str = "eval-out"
     """Output directory."""
+    reasoning_mode: ReasoningMode | None = None
+    """DeepSeek-V4 reasoning mode (trex.reasoning): non-think, think-high or think-max (think-high plus
+    thinkMaxPrompt before the system prompt); the answer scored is the text after </think>. Unset = the
+    plain chat layout. Local models render it with their chat template (reasoning_mode / thinking
+    arguments); OpenAI-compatible servers get chat_template_kwargs {thinking, reasoning_mode}."""
+    think_max_prompt: str | None = None
+    """think-max: its special system prompt (examples/evaljob-think-max.yaml holds the published text)."""
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
+        problems = mode_problems(self.reasoning_mode, self.think_max_prompt, self.model.sampling.max_tokens, "",
+                                 "model.sampling.maxTokens")
+        if problems:  # one line, naming the field; the next problem shows once this one is fixed
+            raise ValueError(f"{problems[0][0]}: {problems[0][1]}")
         for i, kv in enumerate(self.k):
             if not 1 <= kv <= 1024:
                 raise ValueError(f"k.{i}: must be in [1, 1024], got {kv}")

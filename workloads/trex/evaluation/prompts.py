@@ -28,6 +28,8 @@ def build_messages(item: Item, protocol: str, benchmark_format: str) -> list[dic
                            data_file=benchmark_format == "bench4opt")
 
 
-def prompt_hash(messages: list[dict[str, str]]) -> str:
-    """sha256 of the messages (canonical JSON): a changed prompt never reuses an old sample."""
-    return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+def prompt_hash(messages: list[dict[str, str]], reasoning_mode: str | None = None) -> str:
+    """sha256 of the messages (canonical JSON) and the reasoning mode when one is set: a changed prompt or
+    mode never reuses an old sample."""
+    key: object = messages if reasoning_mode is None else {"messages": messages, "reasoning_mode": reasoning_mode}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, ensure_ascii=False).encode()).hexdigest()

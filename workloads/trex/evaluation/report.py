@@ -134,7 +134,7 @@ def _header(summary: dict[str, Any], against: dict[str, Any] | None) -> list[str
 
 def render_markdown(summary: dict[str, Any], against: dict[str, Any] | None = None) -> str:
     """The Markdown report (plots referenced as files next to it)."""
-    lines = [f"# Evaluation report: {summary.get('model')}", ""]
+    lines = [f"# Evaluation report: {summary.get('model')}", "", _run_line(summary), ""]
     if not summary.get("complete"):
         lines += ["**Incomplete run**: some samples are missing (see errors.jsonl); rerun to finish.", ""]
     head = _header(summary, against)
@@ -175,8 +175,60 @@ def render_markdown(summary: dict[str, Any], against: dict[str, Any] | None = No
     return "\n".join(lines)
 
 
-def render_html(summary: dict[str, Any], plots: dict[str, bytes], against: dict[str, Any] | None = None) -> str:
-    """A self-contained HTML report (plots embedded as PNG data URIs)."""
+ITEM_TEXT_LIMIT = 20_000
+"""Characters of one prompt, response or program shown in the HTML drill-down (the record keeps all)."""
+
+
+def report_records(run_dir: str | Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The samples a report's drill-down shows: the latest record of each (benchmark, item, sample) under the
+    benchmark's current protocol, in the order they were recorded."""
+    tags = {b: s.get("protocol", {}).get("tag") for b, s in summary["benchmarks"].items()}
+    latest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in read_samples(Path(run_dir) / SAMPLES):
+        if r.get("benchmark") in tags and r.get("protocol") == tags[r["benchmark"]]:
+            latest[(r["benchmark"], str(r["item_id"]), int(r["sample_index"]))] = r
+    return list(latest.values())
+
+
+def _clip(text: Any) -> str:
+    t = "" if text is None else str(text)
+    return t if len(t) <= ITEM_TEXT_LIMIT else t[:ITEM_TEXT_LIMIT] + f"\n… ({len(t) - ITEM_TEXT_LIMIT} more characters)"
+
+
+def _sandbox_output(rec: dict[str, Any]) -> str:
+    ex = rec.get("execution")
+    if not ex:
+        return "not run (" + ("syntax error: " + str(rec["syntax_error"]) if rec.get("syntax_error")
+                              else "no program extracted") + ")"
+    head = f"exit code {ex.get('exit_code')}" + (" (timed out)" if ex.get("timed_out") else "") + \
+        (f", killed: {ex['killed_reason']}" if ex.get("killed_reason") else "")
+    return f"{head}\n--- stdout (tail) ---\n{ex.get('stdout_tail', '')}\n--- stderr (tail) ---\n{ex.get('stderr_tail', '')}"
+
+
+def render_items(records: list[dict[str, Any]]) -> str:
+    """The per-item drill-down: one collapsible entry per sample with prompt, response, extracted program,
+    sandbox output and verdict (HTML)."""
+    e = html.escape
+    parts = []
+    for r in records:
+        ok = r.get("category") == "correct"
+        title = (f"{e(str(r['benchmark']))} / {e(str(r['item_id']))} #{r['sample_index']}: "
+                 f"<span class='{'ok' if ok else 'bad'}'>{e(str(r.get('category')))}</span>")
+        verdict = f"{r.get('category')}: {r.get('reason') or ''}\npredicted: {json.dumps(r.get('prediction'))}\n" \
+                  f"expected: {json.dumps(r.get('truth'))}"
+        if r.get("structural") is not None:
+            verdict += f"\nstructural (ORGEval): {r['structural']} {r.get('structural_reason') or ''}"
+        sections = [("Prompt", r.get("prompt", "(not recorded by this version)")), ("Response", r.get("response")),
+                    ("Extracted program", r.get("code") if r.get("code") is not None else "(none)"),
+                    ("Sandbox output", _sandbox_output(r)), ("Verdict", verdict)]
+        body = "".join(f"<h4>{name}</h4><pre>{e(_clip(text))}</pre>" for name, text in sections)
+        parts.append(f"<details><summary>{title}</summary>{body}</details>")
+    return "".join(parts)
+
+
+def render_html(summary: dict[str, Any], plots: dict[str, bytes], against: dict[str, Any] | None = None,
+                records: list[dict[str, Any]] | None = None) -> str:
+    """A self-contained HTML report (plots embedded as PNG data URIs; ``records``: the per-item drill-down)."""
     e = html.escape
     head = _header(summary, against)
     table = "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>" + "".join(
@@ -193,11 +245,19 @@ def render_html(summary: dict[str, Any], plots: dict[str, bytes], against: dict[
                    for k, v in plots.items())
     warn = "" if summary.get("complete") else "<p><b>Incomplete run</b>: some samples are missing.</p>"
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}")
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+             "pre{background:#f6f6f6;padding:6px;white-space:pre-wrap}.ok{color:#17752f}.bad{color:#b3261e}")
+    about = f"<p>{e(_run_line(summary))}</p>"
+    items = f"<h2>Samples</h2>{render_items(records)}" if records else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Evaluation: {e(str(summary.get('model')))}"
             f"</title><style>{style}</style></head><body><h1>Evaluation report: {e(str(summary.get('model')))}</h1>"
-            f"{warn}{table}<h2>Protocols</h2>{protos}<h2>Failure breakdown</h2>{fail}<h2>Datasets</h2>{ds}"
-            f"{imgs}</body></html>")
+            f"{about}{warn}{table}<h2>Protocols</h2>{protos}<h2>Failure breakdown</h2>{fail}<h2>Datasets</h2>{ds}"
+            f"{imgs}{items}</body></html>")
+
+
+def _run_line(summary: dict[str, Any]) -> str:
+    """Run date and endpoint, as the reports head them."""
+    return f"Run started {summary.get('started') or 'unknown'}; endpoint: {summary.get('endpoint') or 'unknown'}."
 
 
 def write_reports(run_dir: str | Path, summary: dict[str, Any], against: dict[str, Any] | None = None) -> list[Path]:
@@ -210,5 +270,6 @@ def write_reports(run_dir: str | Path, summary: dict[str, Any], against: dict[st
         written.append(d / name)
     write_json_atomic(d / SUMMARY, summary)
     atomic_write_bytes(d / "report.md", render_markdown(summary, against).encode())
-    atomic_write_bytes(d / "report.html", render_html(summary, plots, against).encode())
+    html_text = render_html(summary, plots, against, report_records(d, summary))
+    atomic_write_bytes(d / "report.html", html_text.encode())
     return [*written, d / SUMMARY, d / "report.md", d / "report.html"]

@@ -16,6 +16,7 @@ line is discarded.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import math
@@ -36,6 +37,7 @@ from trex.evaluation.prompts import PROMPT_VERSION, build_messages, prompt_hash,
 from trex.evaluation.protocols import Protocol, get_protocol
 from trex.evaluation.scoring import CATEGORIES, Execution, aggregate, classify, syntax_check
 from trex.fsio import atomic_write_bytes
+from trex.reasoning import answer_of, with_mode_prompt
 
 log = logging.getLogger("trex.evaluation")
 
@@ -165,8 +167,10 @@ class Recorder:
             self.on_progress(self.done, self.total)
 
     def error(self, rec: dict[str, Any]) -> None:
-        """Record a failed model request."""
+        """Record a failed model request; the first one's cause is also logged (a wrong URL or key shows at once)."""
         self.failed += 1
+        if self.failed == 1:
+            log.warning("%s", first_error_line(rec, self.err.name))
         if self.exporter is not None:
             self.exporter.metric("trex_eval_failed_requests_total", benchmark=rec["benchmark"]).inc()
         self.err.write(json.dumps({"time": time.time(), **rec}, default=str) + "\n")
@@ -178,18 +182,33 @@ class Recorder:
         self.err.close()
 
 
+def first_error_line(rec: dict[str, Any], errors_path: str) -> str:
+    """The console line for the first failed request: which sample, the cause, where the rest go."""
+    status = f" (HTTP {rec['status']})" if rec.get("status") is not None else ""
+    return (f"model request failed for {rec['benchmark']}/{rec['item_id']} sample {rec['sample_index']}{status}: "
+            f"{rec['error']}; every failed request goes to {errors_path} and a rerun retries them")
+
+
 async def execute(code: str, item: Item, cfg: EvalConfig, want_lp: bool) -> tuple[Execution, dict[str, Any], str | None]:
-    """Run ``code`` in the sandbox: (verdict inputs, record of the run, collected LP text)."""
+    """Run ``code`` in the sandbox under the run's limits: (verdict inputs, record of the run, collected LP text)."""
+    return await run_program(code, item, timeout_s=cfg.timeouts.execution_s, memory_mb=cfg.execution.memory_mb,
+                             max_output_kb=cfg.execution.max_output_kb, printed=cfg.accept_printed_answers,
+                             want_lp=want_lp)
+
+
+async def run_program(code: str, item: Item, *, timeout_s: float, memory_mb: int, max_output_kb: int,
+                      printed: bool = False, want_lp: bool = False) -> tuple[Execution, dict[str, Any], str | None]:
+    """Run ``code`` in the sandbox: (verdict inputs, record of the run, collected LP text). The answer is the
+    solve the sandbox recorded and re-solved, or with ``printed`` the TREX_RESULT line."""
     from trex.sandbox import Limits, run_python_async
 
-    t = cfg.timeouts.execution_s
-    limits = Limits(timeout_s=t, cpu_s=max(1, math.ceil(t)), memory_mb=cfg.execution.memory_mb,
-                    max_output_kb=cfg.execution.max_output_kb)
+    t = timeout_s
+    limits = Limits(timeout_s=t, cpu_s=max(1, math.ceil(t)), memory_mb=memory_mb, max_output_kb=max_output_kb)
     res = await run_python_async(code, limits=limits, files=item.files or None,
                                  collect=(LP_OUT,) if want_lp else ())
     timed_out = bool(res.timed_out or res.killed_reason in ("timeout", "cpu_limit"))
     result, unrecorded = res.result, None
-    if not cfg.accept_printed_answers:
+    if not printed:
         result, unrecorded = await recorded_answer(res.solve, res.result, t)
     ex = Execution(exit_code=res.exit_code, timed_out=timed_out, stderr=res.stderr, result=result,
                    signal=None if timed_out else res.signal, unrecorded=unrecorded)
@@ -198,7 +217,7 @@ async def execute(code: str, item: Item, cfg: EvalConfig, want_lp: bool) -> tupl
     record = {
         "exit_code": res.exit_code, "signal": res.signal, "timed_out": timed_out, "wall_s": round(res.wall_s, 4),
         "killed_reason": res.killed_reason, "result": result, "printed": res.result, "mode": res.mode,
-        "answers": ANSWERS_PRINTED if cfg.accept_printed_answers else ANSWERS_RECORDED,
+        "answers": ANSWERS_PRINTED if printed else ANSWERS_RECORDED,
         "solve": None if solve is None else {k: v for k, v in solve.items() if k != "lp"}, "solves": len(res.solves),
         "stdout_tail": res.stdout[-_TAIL:], "stderr_tail": res.stderr[-_TAIL:], "lp_collected": lp is not None,
     }
@@ -237,7 +256,8 @@ async def run_job(job: Job, model: Model, cfg: EvalConfig, exec_sem: asyncio.Sem
         recorder.error({"benchmark": job.dataset.name, "item_id": job.item.id, "sample_index": job.sample_index,
                         "error": str(e), "status": e.status})
         return
-    code, rule = extract_code(chat.text)
+    answer = answer_of(chat.text, cfg.reasoning_mode, getattr(model, "splits_reasoning", False))
+    code, rule = extract_code(answer)
     syn = syntax_check(code) if code is not None else None
     is_b4o = job.item.reference_lp is not None
     exec_rec: dict[str, Any] | None = None
@@ -260,7 +280,7 @@ async def run_job(job: Job, model: Model, cfg: EvalConfig, exec_sem: asyncio.Sem
     recorder.write({
         "benchmark": job.dataset.name, "dataset_version": job.dataset.version, "item_id": job.item.id,
         "item_category": job.item.category, "sample_index": job.sample_index, "protocol": job.protocol.tag,
-        "prompt_hash": job.phash, "model": model.name, "response": chat.text, "finish_reason": chat.finish_reason,
+        "prompt_hash": job.phash, "model": model.name, "prompt": job.messages[-1]["content"], "response": chat.text, "finish_reason": chat.finish_reason,
         "extraction": rule, "code": code, "syntax_error": syn, "execution": exec_rec,
         "category": verdict.category, "reason": verdict.reason,
         "prediction": None if pred is None else {"status": pred.status, "objective": pred.objective,
@@ -281,8 +301,9 @@ def plan_jobs(datasets: list[Dataset], cfg: EvalConfig, done: set[tuple[str, str
     for ds in datasets:
         proto = get_protocol(specs[ds.name].protocol or cfg.protocol)
         for item in ds.items:
-            msgs = build_messages(item, proto.name, ds.format)
-            ph = prompt_hash(msgs)
+            msgs = with_mode_prompt(build_messages(item, proto.name, ds.format), cfg.reasoning_mode,
+                                    cfg.think_max_prompt)
+            ph = prompt_hash(msgs, cfg.reasoning_mode)
             for s in range(n):
                 if (ds.name, item.id, s, ph, proto.tag) in done:
                     skipped += 1
@@ -295,11 +316,19 @@ def _protocol_meta(proto: Protocol) -> dict[str, str]:
     return {"tag": proto.tag, "rule": proto.rule, "prompt_set": prompt_set_for(proto.name)}
 
 
+def endpoint(cfg: EvalConfig) -> str:
+    """Where the answers come from: the server URL, the model directory, or the built-in reference."""
+    m = cfg.model
+    return (m.url or "(the job's model server)") if m.kind == "openai" else (m.path or m.kind)
+
+
 def run_metadata(cfg: EvalConfig, datasets: list[Dataset], model_name: str) -> dict[str, Any]:
     """What run.json records: config, model, versions of every rule, dataset provenance."""
     specs: dict[str, BenchmarkSpec] = {b.name: b for b in cfg.benchmarks}
     return {
         "model": model_name,
+        "endpoint": endpoint(cfg),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": cfg.model_dump(mode="json", by_alias=True),
         "versions": {"prompt": PROMPT_VERSION, "extract": EXTRACT_VERSION, "orgeval": ORGEVAL_VERSION},
         "protocols": {ds.name: _protocol_meta(get_protocol(specs[ds.name].protocol or cfg.protocol)) for ds in datasets},
@@ -350,6 +379,8 @@ async def run_eval(cfg: EvalConfig, model: Model, *, out_dir: str | Path | None 
         for name, n in totals.items():
             exporter.metric("trex_eval_progress_ratio", benchmark=name).set(done_by[name] / max(1, n))
     recorder = Recorder(out, totals, done_by, exporter, on_progress)
+    if on_progress is not None:
+        on_progress(recorder.done, recorder.total)  # the progress clock starts now, with the resumed samples
     exec_sem = asyncio.Semaphore(cfg.execution.workers)
     queue: asyncio.Queue[Job] = asyncio.Queue()
     for j in jobs:
@@ -389,7 +420,8 @@ def build_summary(meta: dict[str, Any], records: list[dict[str, Any]], cfg: Eval
     for name, s in scores.items():
         s["expected_samples"] = expected.get(name)
         s["protocol"] = meta.get("protocols", {}).get(name, {})
-    return {"model": meta.get("model"), "k": ks, "datasets": meta.get("datasets", []),
+    return {"model": meta.get("model"), "endpoint": meta.get("endpoint"), "started": meta.get("started"),
+            "k": ks, "datasets": meta.get("datasets", []),
             "versions": meta.get("versions", {}), "benchmarks": scores, "answers": meta.get("answers"),
             "isolation": meta.get("isolation"),
             "complete": all(scores.get(n, {}).get("samples", 0) >= e for n, e in expected.items())}

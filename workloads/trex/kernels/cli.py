@@ -11,7 +11,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trex kernels", description="AuraKernel: tune kernels and report.")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tune", help="tune the suite (or some kernels) on a backend")
-    t.add_argument("--config", help="YAML file with a KernelTuneConfig (top-level or under `kernels:`)")
+    t.add_argument("--config", help="YAML file with a KernelTuneConfig (top-level, under `kernels:`, or a "
+                   "KernelTuneJob manifest's spec.kernels)")
+    t.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="overrides",
+                   help="override one field, camelCase path (repeatable), e.g. --set budget.trials=50")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
     t.add_argument("--suite", choices=["default", "none"])
     t.add_argument("--backend", choices=["cpu-c", "cuda-triton", "npu-ascendc"])
     t.add_argument("--kernels", help="comma-separated kernel names")
@@ -29,12 +33,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Config from --config overlaid with the command-line flags (validated by the model)."""
-    from trex.config_base import load_section, load_yaml_config
+    """Config from --config overlaid with the command-line flags, then --set (ConfigError with one line)."""
+    from trex.config_base import config_data, resolve_config
     from trex.kernels.config import KernelTuneConfig
 
-    base = load_yaml_config(KernelTuneConfig, args.config, section="kernels") if args.config else KernelTuneConfig()
-    data = base.model_dump(by_alias=True, exclude_none=True)
+    data = config_data(args.config, "KernelTuneJob", "kernels")
     over = {"suite": args.suite, "backend": args.backend, "output": args.out, "threads": args.threads,
             "skillsPath": args.skills}
     data.update({k: v for k, v in over.items() if v is not None})
@@ -44,12 +47,12 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         data["dtypes"] = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.no_compile:
         data["compareCompile"] = False
-    budget = dict(data.get("budget", {}))
+    budget = dict(data.get("budget") or {})
     for k, v in (("trials", args.budget_trials), ("seconds", args.budget_seconds), ("samples", args.samples)):
         if v is not None:
             budget[k] = v
     data["budget"] = budget
-    return load_section(KernelTuneConfig, data)
+    return resolve_config(KernelTuneConfig, data, args.overrides)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,16 +67,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    from pydantic import ValidationError
-
-    from trex.config_base import format_validation_error
+    from trex.config_base import ConfigError, dump_config
 
     try:
         cfg = build_config(args)
-    except ValidationError as e:
-        for line in format_validation_error(e, "kernels"):
-            print(f"error: {line}", file=sys.stderr)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
     from trex.kernels.backends.base import BackendUnavailable
     from trex.kernels.tune import run
 

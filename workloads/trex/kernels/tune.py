@@ -64,6 +64,11 @@ def jobs(cfg: KernelTuneConfig, backend: Backend) -> list[tuple[KernelSpec, dict
     return out
 
 
+def progress_fields(kernel: str, shape: Mapping[str, int], dtype: str) -> dict[str, str]:
+    """What the progress line names while a problem is tuned: the kernel, its shape and dtype."""
+    return {"kernel": kernel, "shape": shape_key(shape), "dtype": dtype}
+
+
 def make_backend(cfg: KernelTuneConfig) -> Backend:
     """Backend for the config (cache dir and SoC passed through)."""
     if cfg.backend == "cpu-c":
@@ -175,12 +180,14 @@ def run(cfg: KernelTuneConfig, log: Log | None = None) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     t_start = time.monotonic()
     trials_left = cfg.budget.trials
+    current: dict[str, str] = {}
     with Progress(f"kernels ({backend.name})", total=cfg.budget.trials) as prog:
         def on_trial(t: dict[str, Any]) -> None:
-            prog.update(1, kernel=t.get("param", ""), status=t["status"])
+            prog.update(1, **current, status=t["status"])
 
         for i, (spec, shape, dtype) in enumerate(work):
             key = (spec.name, shape_key(shape), dtype)
+            current.update(progress_fields(spec.name, shape, dtype))
             remaining = len(work) - i
             per_trials = max(1, trials_left // remaining)
             per_seconds = max(1.0, (cfg.budget.seconds - (time.monotonic() - t_start)) / remaining)

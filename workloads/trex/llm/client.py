@@ -9,7 +9,8 @@ What callers can rely on:
   never retried, whatever it says; other HTTP errors and malformed bodies raise :class:`ChatError`
   at once; a request that exceeds ``timeout_s`` raises :class:`ChatTimeout` (not retried: a model
   that needs longer than the limit would only burn the same time again);
-* token usage and latency come back with each result.
+* token usage and latency come back with each result, and with ``logprobs=True`` each generated
+  token's log-prob (a response without them is a ChatError).
 """
 
 from __future__ import annotations
@@ -40,14 +41,25 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token as the endpoint reported it (``logprobs.content[i]``): its text and log-prob.
+    vLLM with ``return_tokens_as_token_ids`` writes the text as ``token_id:<id>``."""
+
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
 class ChatResult:
-    """One completion: text, usage, wall latency of the successful attempt chain, finish reason."""
+    """One completion: text, usage, wall latency of the successful attempt chain, finish reason, and the
+    per-token log-probs when the client asked for them."""
 
     text: str
     usage: Usage = field(default_factory=Usage)
     latency_s: float = 0.0
     finish_reason: str | None = None
     attempts: int = 1
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class ChatError(RuntimeError):
@@ -98,6 +110,21 @@ def parse_completion(body: Any) -> tuple[str, Usage, str | None]:
     return text, usage, fr if isinstance(fr, str) else None
 
 
+def parse_logprobs(body: dict[str, Any]) -> tuple[TokenLogprob, ...]:
+    """The chosen tokens' log-probs of choices[0] (``logprobs.content``); ChatError when absent or malformed."""
+    content = ((body["choices"][0].get("logprobs") or {}).get("content"))
+    if not isinstance(content, list):
+        raise ChatError(f"response has no choices[0].logprobs.content: {json.dumps(body)[:200]}")
+    out = []
+    for i, entry in enumerate(content):
+        token = entry.get("token") if isinstance(entry, dict) else None
+        lp = entry.get("logprob") if isinstance(entry, dict) else None
+        if not isinstance(token, str) or not isinstance(lp, int | float):
+            raise ChatError(f"choices[0].logprobs.content[{i}] needs a string token and a numeric logprob")
+        out.append(TokenLogprob(token, float(lp)))
+    return tuple(out)
+
+
 class ChatClient:
     """Chat client with pinned sampling, bounded concurrency and transport-only retries."""
 
@@ -117,6 +144,7 @@ class ChatClient:
         backoff_s: float = 0.5,
         backoff_max_s: float = 30.0,
         extra_body: Mapping[str, Any] | None = None,
+        logprobs: bool = False,
     ) -> None:
         if not url:
             raise ValueError("url must be a non-empty base URL such as http://host:8000/v1")
@@ -141,6 +169,7 @@ class ChatClient:
         self.backoff_s = float(backoff_s)
         self.backoff_max_s = float(backoff_max_s)
         self.extra_body = dict(extra_body or {})
+        self.logprobs = bool(logprobs)
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -157,6 +186,8 @@ class ChatClient:
         }
         if self.seed is not None:
             body["seed"] = self.seed
+        if self.logprobs:
+            body["logprobs"] = True
         body.update(self.extra_body)
         return body
 
@@ -216,7 +247,8 @@ class ChatClient:
                             except json.JSONDecodeError as e:
                                 raise ChatError(f"response is not JSON: {raw[:200]!r}", status=200) from e
                             text, usage, finish = parse_completion(parsed)
-                            return ChatResult(text, usage, time.perf_counter() - t0, finish, attempt + 1)
+                            lps = parse_logprobs(parsed) if self.logprobs else ()
+                            return ChatResult(text, usage, time.perf_counter() - t0, finish, attempt + 1, lps)
                         err = ChatError(
                             f"HTTP {resp.status} from {self.endpoint}: {raw[:300]}",
                             status=resp.status, retryable=is_retryable_status(resp.status),

@@ -9,16 +9,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from trex.config_base import format_validation_error, load_section
+from trex.config_base import config_data, dump_config, resolve_config
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trex ordata", description="Solver-verified OR data pipeline.")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="Generate one shard (or all shards in turn).")
-    g.add_argument("--config", help="YAML file (ORDataConfig, optionally under a top-level 'ordata' key).")
+    g.add_argument("--config", help="YAML file: an ORDataConfig, optionally under a top-level 'ordata' key, or "
+                   "an ORDataJob manifest (its spec.ordata).")
+    g.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="overrides",
+                   help="Override one field, camelCase path (repeatable), e.g. --set shards.numShards=4.")
+    g.add_argument("--print-config", action="store_true", help="Print the resolved config (YAML) and exit.")
     g.add_argument("--count", type=int, help="Instances in total over all shards.")
     g.add_argument("--seed", type=int, help="Master seed.")
     g.add_argument("--families", help="Comma-separated family names (keeps their configured sizes/weights).")
@@ -28,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--metrics-port", type=int, help="Serve Prometheus metrics (default: TREX_METRICS_PORT if set).")
     m = sub.add_parser("merge", help="Dedup across finished shards and write merged/ and the summary.")
     m.add_argument("dir")
+    m.add_argument("--json", action="store_true", help="Print the summary as one JSON line instead of a table.")
     s = sub.add_parser("show", help="Pretty-print one sample: SAMPLE_ID (searched under --dir) or FILE:LINE.")
     s.add_argument("ref")
     s.add_argument("--dir", default=".", help="Folder searched for a sample id (default: current folder).")
@@ -35,18 +38,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load_config(args: argparse.Namespace) -> Any:
-    """Config from YAML plus CLI overrides, validated as a whole (raises ValidationError)."""
-    import yaml
-
+    """Config from YAML, the flags, then the --set overrides, validated as a whole (raises ConfigError)."""
     from trex.ordata.config import FAMILY_NAMES, ORDataConfig
 
-    data: dict[str, Any] = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{args.config}: the top level must be a mapping")
-        data = dict(loaded.get("ordata", loaded)) if isinstance(loaded.get("ordata", loaded), dict) else {}
+    data = config_data(args.config, "ORDataJob", "ordata")
     if args.count is not None:
         data["count"] = args.count
     if args.seed is not None:
@@ -62,22 +57,20 @@ def _load_config(args: argparse.Namespace) -> Any:
             raise ValueError(f"families: unknown family {bad[0]!r} (allowed: {', '.join(FAMILY_NAMES)})")
         given = {f["name"]: f for f in data.get("families", []) if isinstance(f, dict) and "name" in f}
         data["families"] = [given.get(f, {"name": f}) for f in wanted]
-    return load_section(ORDataConfig, data)
+    return resolve_config(ORDataConfig, data, args.overrides)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import yaml
-
     from trex.ordata.pipeline import run_shard
 
     try:
         cfg = _load_config(args)
-    except ValidationError as err:
-        print(f"trex ordata: invalid config: {format_validation_error(err)[0]}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError, yaml.YAMLError) as err:
+    except ValueError as err:
         print(f"trex ordata: invalid config: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
     num = cfg.shards.num_shards
     idx = args.shard_index
     if idx is None and os.environ.get("JOB_COMPLETION_INDEX", "").strip():
@@ -129,10 +122,30 @@ def _merge(args: argparse.Namespace) -> int:
     summary = {"kind": "ORDataJob", "samples": manifest["samples"], "accepted": c["accepted"],
                "planned": c["planned"], "generated": c["generated"], "solved": c["solved"],
                "verified": c["verified"], "duplicates": c["duplicates"],
-               "cross_shard_duplicates": manifest["cross_shard_duplicates"], "rejected": c["rejected"]}
+               "crossShardDuplicates": manifest["cross_shard_duplicates"], "rejected": c["rejected"]}
     write_termination_summary(summary)
-    print(json.dumps(summary, sort_keys=True))
+    print(json.dumps(summary, sort_keys=True) if args.json else merge_table(summary, args.dir))
     return 0
+
+
+MERGE_ROWS = ("planned", "generated", "solved", "verified", "accepted", "duplicates", "samples")
+
+
+def merge_table(summary: dict[str, Any], folder: str) -> str:
+    """The merge outcome as an aligned table (camelCase names, the keys of the termination summary):
+    the pipeline's counts, then duplicates across shards and rejections by reason."""
+    rows = [(k, summary[k]) for k in MERGE_ROWS]
+    cross = summary["crossShardDuplicates"]
+    rows.append(("crossShardDuplicates", sum(cross.values())))
+    rows += [(f"  {reason}", n) for reason, n in sorted(cross.items())]
+    rows.append(("rejected", sum(summary["rejected"].values())))
+    rows += [(f"  {reason}", n) for reason, n in sorted(summary["rejected"].items())]
+    width = max(len(k) for k, _ in rows)
+    num = max(len(str(v)) for _, v in rows)
+    lines = [f"merged {folder}: {summary['samples']} samples in {Path(folder) / 'merged'}",
+             f"{'COUNT'.ljust(width)}  {'N'.rjust(num)}"]
+    lines += [f"{k.ljust(width)}  {str(v).rjust(num)}" for k, v in rows]
+    return "\n".join(lines)
 
 
 def _find(ref: str, folder: str) -> dict[str, Any] | None:

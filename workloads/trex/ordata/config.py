@@ -147,7 +147,7 @@ class ShardConfig(TrexModel):
 class ORDataConfig(TrexModel):
     """One data generation run."""
 
-    families: list[FamilySpec] = Field(default_factory=_all_families, min_length=1)
+    families: list[FamilySpec] = Field(default_factory=_all_families, min_length=1, max_length=len(FAMILY_NAMES))
     """Families in the mix with weights and sizes (default: all 16, equal weights)."""
     count: int = Field(default=160, gt=0, le=100_000_000)
     """Instances to attempt in total over all shards."""

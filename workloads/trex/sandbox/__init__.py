@@ -22,13 +22,15 @@ fallback here: harnesses that want one add it on top of :attr:`SandboxResult.std
 Modes
 -----
 ``kernel-fs`` (bubblewrap, :mod:`trex.sandbox.kernelfs`: private minimal root, tmpfs work folder
-with a size quota, own /proc, seccomp filter) wherever bwrap runs, else ``namespaces`` (below),
-else ``audit``; ``TREX_SANDBOX_MODE`` forces one. :func:`require_isolation` enforces a job's
-``sandbox.minIsolation``. ``SandboxResult.mode`` says which mode ran.
+with a size quota, own /proc, seccomp filter) wherever bwrap runs, else ``namespaces`` (the same
+root, built by the bootstrap itself; below), else ``audit``; ``TREX_SANDBOX_MODE`` forces one.
+:func:`require_isolation` enforces a job's ``sandbox.minIsolation``. ``SandboxResult.mode`` says
+which mode ran.
 
 Details of namespaces and audit modes
 -------------------------------------
-:func:`run_python` writes the program to ``main.py`` in a fresh temporary directory and runs it
+:func:`run_python` writes the program to ``main.py`` in a fresh temporary directory (copied into
+the tmpfs work folder ``/sandbox`` in ``kernel-fs`` and ``namespaces`` modes) and runs it
 with the same interpreter (``-I``: no user site, no ``PYTHON*`` variables; site-packages stay,
 because the solver libraries live there) in a new session with a scrubbed environment (PATH,
 HOME=TMPDIR=the directory, LANG, a few allow-listed variables such as GRB_LICENSE_FILE and
@@ -36,21 +38,26 @@ thread counts, which default to 1, plus ``env``); a small bootstrap (``_boot.py`
 sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_CORE=0 and the isolation below
 before the program's first line runs. A wall-clock timeout SIGKILLs the whole process group.
 
-* ``namespaces`` mode (Linux, where user namespaces may be created; probed once): the child
-  enters a new user namespace that maps its own uid to itself, a new PID namespace and, unless
-  ``Limits.network``, a new network namespace with no interfaces up. These are kernel
-  boundaries: no network; the program cannot see or signal any process outside (killing its
-  parent does nothing to the caller); and when the namespace's init exits, the kernel kills
-  every process left in it.
+* ``namespaces`` mode (Linux, where bwrap cannot run but user namespaces may be created; probed
+  once per interpreter by a run): the child enters a new user namespace that maps its own uid to
+  itself, new mount, PID, IPC and UTS namespaces and, unless ``Limits.network``, a new network
+  namespace with no interfaces up. The run's init (PID 1) builds the ``kernel-fs`` root on a
+  tmpfs (read-only binds of :func:`trex.sandbox.kernelfs.root_plan`, a minimal /dev, a fresh
+  /proc, the tmpfs work folder with the ``Limits.max_disk_mb`` quota), pivots (``pivot_root``) into it
+  and detaches the host's root: no /sys, host /tmp, host sockets or other host files. The user
+  program then drops every capability, sets no-new-privs and installs the same seccomp filter.
+  These are kernel boundaries: no network; no host file outside the root; the program cannot
+  see or signal any process outside (killing its parent does nothing to the caller); and when
+  the namespace's init exits, the kernel kills every process left in it. The mode is reported
+  as ``namespaces``, not ``kernel-fs``: the boundary is set up by trex, not by bubblewrap.
 * Privilege drop (``namespaces`` mode, caller is root, and the interpreter with its
   site-packages is readable by others; probed once per interpreter): instead of a user
-  namespace, the child enters new PID and network namespaces as root and then drops to a uid of
-  its own (random, from a range outside /etc/passwd; ``SandboxResult.uid``), owning only its
-  directory. File access then is a kernel boundary as well: other users' and root's private
-  files, and writes anywhere but the directory and world-writable places, are refused even to
-  programs the guard cannot see. ``TREX_SANDBOX_DROP_UID=off`` disables it. Where the interpreter
-  lives in a folder only its owner may read (a pyenv under /root, say) the uid cannot start it,
-  so the run keeps the caller's uid inside its own user namespace.
+  namespace, the child enters the other namespaces as root, and the user program drops to a uid
+  of its own (random, from a range outside /etc/passwd; ``SandboxResult.uid``), owning only its
+  work folder. Private files in bound folders (``Limits.read_paths``) then stay unreadable even
+  to programs the guard cannot see. ``TREX_SANDBOX_DROP_UID=off`` disables it. Where the
+  interpreter lives in a folder only its owner may read (a pyenv under /root, say) the uid cannot
+  start it, so the run keeps the caller's uid inside its own user namespace.
 * ``audit`` mode (fallback, or forced with ``TREX_SANDBOX_MODE=audit``): no kernel
   boundary; the guard below also blocks non-Unix sockets and signals to processes outside the
   program's process group, and leftover processes are found by an environment marker and
@@ -66,8 +73,8 @@ inside the sandbox directory, the interpreter's prefix and ``sys.path`` folders,
 files and ``Limits.read_paths``; writes, renames and deletes only inside the sandbox directory;
 running other programs is refused unless ``Limits.allow_subprocess``; ctypes lookups of libc
 file, process and network functions are refused. The audit hook is a guard against accidents
-and naive programs, not a kernel boundary (C extensions do their own I/O); without the privilege
-drop it is the only thing between the program and files its caller's uid may read.
+and naive programs, not a kernel boundary (C extensions do their own I/O); in ``audit`` mode it
+is the only thing between the program and files its caller's uid may read.
 
 Start-up: in ``namespaces`` mode runs are forked by a fork server (one pristine ``python -I`` per
 interpreter path, started on first use, ending when its parent closes the control socket): each
@@ -78,7 +85,8 @@ fresh interpreter per run instead (always the case in ``audit`` mode).
 
 Output is captured up to ``Limits.max_output_kb`` per stream; a program that writes more is
 killed (``killed_reason="output_limit"``) and the text ends with a truncation marker. Files
-named in ``collect`` are returned (symlinks are not followed). Background processes are killed
+named in ``collect`` are returned (symlinks are not followed; in ``kernel-fs`` and ``namespaces``
+modes the supervisor sends them on a pipe of its own). Background processes are killed
 when the program exits.
 """
 

@@ -9,9 +9,11 @@ interpreter. Three stages, chosen by the configuration:
 * ``kernel-fs`` inside (the supervisor, never runs user code): copy the inputs into the tmpfs work
   folder, set the resource limits, fork the user program, wait for it, then send the collected
   files and the program's status to the parent on descriptors the program never holds;
-* ``namespaces``/``audit``: join the cgroup, enter fresh user/PID/network namespaces (namespaces
-  mode; or drop to a uid of its own as root), set the limits and fork an init (PID 1) which forks
-  the user program.
+* ``namespaces``: join the cgroup, enter fresh user (unless root drops to a uid of its own), mount,
+  PID, IPC, UTS and network namespaces and fork an init (PID 1) which builds the kernel-fs root
+  itself and pivots into it (:func:`_enter_root`), then supervises like kernel-fs; the user program
+  drops every capability (and to the run's uid) and installs the seccomp filter;
+* ``audit``: join the cgroup, set the limits and run the user program.
 
 The user program always runs behind the solver recorder (:class:`_SolverHook`: every gurobipy
 ``Model.optimize`` and highspy ``Highs.run``/``solve`` writes one JSON record of status,
@@ -28,16 +30,19 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of start-up; the child never needs it at run time
-    from typing import Any
+    from typing import Any, NoReturn
 
 # argv layout after the source: dir, script, mode, counter, count_forks, network, allow_subprocess,
 # max_processes, cgroup ("" for none), rlimits ("cpu_s,memory_mb,file_mb,nofile,nproc", nproc 0 = unset),
 # uid to drop to ("" to keep the caller's), records fd, "status_fd,collect_fd" of the kernel-fs outer stage
-# started as a fresh interpreter ("" otherwise), collect names ("\n"-joined), inputs folder ("" when
-# the inputs are in place), model cap (bytes), then extra read paths, then optionally "--exec" and the
-# command the kernel-fs outer stage execs (flags are "0"/"1").
+# started as a fresh interpreter ("-1,collect_fd" for namespaces started so, "" otherwise), collect names
+# ("\n"-joined), inputs folder ("" when the inputs are in place), model cap (bytes), and for namespaces mode
+# the host folder its root is built on, the root plan (kernelfs.plan_text) and the work folder's size (MiB);
+# then extra read paths, then optionally "--exec" and the command the kernel-fs outer stage execs (flags are
+# "0"/"1").
 CONFIG_KEYS = ("dir", "script", "mode", "counter", "count_forks", "network", "allow_subprocess", "max_processes",
-               "cgroup", "rlimits", "uid", "records_fd", "pipes", "collect", "inputs", "model_cap")
+               "cgroup", "rlimits", "uid", "records_fd", "pipes", "collect", "inputs", "model_cap", "stage", "root",
+               "disk_mb")
 EXEC_MARK = "--exec"
 # Descriptors inside a kernel-fs sandbox: the supervisor's status and collect pipes, the records pipe.
 STATUS_FD, RECORDS_FD, COLLECT_FD, SECCOMP_FD = 3, 4, 5, 6
@@ -268,39 +273,43 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _spawn_init(status_fd: int) -> None:
-    """namespaces mode: fork init (PID 1), which forks the user program; returns only in the latter.
+def _spawn_init(cfg: dict[str, Any], status_fd: int, collect_fd: int) -> None:
+    """namespaces mode: fork the run's init (PID 1), which builds the run's root (:func:`_enter_root`) and
+    supervises the user program (:func:`_supervise`); returns only in the latter.
 
-    The calling process waits for init and then either exits like the program did
-    (``status_fd < 0``) or writes the program's status to ``status_fd`` and exits 0.
+    The calling process waits for init and then either exits like the program did (``status_fd < 0``) or
+    passes init's ``status ...`` line on to ``status_fd`` and exits 0.
     """
     r, w = os.pipe()
     init = os.fork()
     if init:
-        os.close(w)
-        report = _read_all(r) or b"s 9"
+        for fd in (w, collect_fd, cfg["records_fd"]):
+            os.close(fd)
+        report = _read_all(r) or b"status s 9\n"
         os.waitpid(init, 0)
         if status_fd < 0:
-            _relay(report)
-        os.write(status_fd, b"status " + report + b"\n")
+            _relay(report.removeprefix(b"status ").strip())
+        os.write(status_fd, report)
         os._exit(0)
     os.close(r)
     if status_fd >= 0:
         os.close(status_fd)
-    _set_parent_death_signal()
-    user = os.fork()
-    if user:
-        status = 0
-        while True:  # init reaps every orphan until the user program itself has finished
-            try:
-                pid, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-            if pid == user:
-                break
-        os.write(w, _status_text(status))
-        os._exit(0)
-    os.close(w)
+    try:
+        _set_parent_death_signal()
+        _enter_root(cfg)
+        _place_fds({STATUS_FD: w, RECORDS_FD: cfg["records_fd"], COLLECT_FD: collect_fd})
+    except BaseException as exc:
+        _setup_failed(exc, w)
+    cfg["records_fd"] = RECORDS_FD
+    _supervise(cfg)
+
+
+def _setup_failed(exc: BaseException, status_fd: int) -> NoReturn:
+    """Report a set-up failure like a crashed program (exit status 126), on ``status_fd`` too when open."""
+    os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
+    if status_fd >= 0:
+        os.write(status_fd, b"status e 126\n")
+    os._exit(126)
 
 
 def _libc() -> Any:
@@ -352,26 +361,24 @@ def _set_rlimits(cfg: dict[str, Any]) -> None:
 
 
 def _setup(cfg: dict[str, Any]) -> None:
-    """Join the run's pids cgroup; namespaces/audit: enter fresh namespaces, set limits, drop to the run's uid."""
+    """Join the run's pids cgroup; namespaces: enter fresh user (unless dropping to a uid of its own as
+    root), mount, PID, IPC, UTS and network namespaces (the run's init does the rest); audit: set limits."""
     if cfg["cgroup"]:
         _write_file(os.path.join(cfg["cgroup"], "cgroup.procs"), str(os.getpid()))
     if cfg["mode"] == "kernel-fs":
         return  # limits are set inside, by the supervisor
-    net = 0 if cfg["network"] else CLONE_NEWNET
-    if cfg["mode"] == "namespaces" and cfg["uid"]:
-        _unshare(CLONE_NEWPID | net)  # root in the initial user namespace: no user namespace needed
-    elif cfg["mode"] == "namespaces":
-        uid, gid = os.geteuid(), os.getegid()
-        _unshare(CLONE_NEWUSER | CLONE_NEWPID | net)
-        _write_file("/proc/self/setgroups", "deny")
-        _write_file("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write_file("/proc/self/gid_map", f"{gid} {gid} 1")
-    _set_rlimits(cfg)
+    if cfg["mode"] == "audit":
+        _set_rlimits(cfg)
+        return
+    flags = _CLONE_NEWNS | CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS | (0 if cfg["network"] else CLONE_NEWNET)
     if cfg["uid"]:
-        run_uid = int(cfg["uid"])
-        os.setgroups([])
-        os.setresgid(run_uid, run_uid, run_uid)
-        os.setresuid(run_uid, run_uid, run_uid)
+        _unshare(flags)  # root in the initial user namespace: no user namespace needed
+        return
+    uid, gid = os.geteuid(), os.getegid()
+    _unshare(CLONE_NEWUSER | flags)
+    _write_file("/proc/self/setgroups", "deny")
+    _write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write_file("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
 def parse_config(fields: list[str]) -> dict[str, Any]:
@@ -385,6 +392,7 @@ def parse_config(fields: list[str]) -> dict[str, Any]:
         cfg[key] = cfg[key] == "1"
     cfg["records_fd"] = int(cfg["records_fd"])
     cfg["model_cap"] = int(cfg["model_cap"])
+    cfg["disk_mb"] = int(cfg["disk_mb"])
     cfg["collect"] = [n for n in cfg["collect"].split("\n") if n]
     cfg["read"] = fields[len(CONFIG_KEYS):]
     cfg["exec"] = command
@@ -481,9 +489,108 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         raise OSError(err, f"trex.sandbox: mount {target} failed: {os.strerror(err)}")
 
 
-def _drop_privileges(network: bool) -> None:
-    """Warm run's PID 1: no capabilities (bounding, ambient, effective, permitted), no new privileges, then
-    the seccomp filter, so the run ends up where a cold bwrap run starts."""
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")
+"""Entries of a fresh /proc bound read-only over themselves: the kernel's global knobs, which a run whose uid
+maps to the caller's root could write otherwise (sysctl permissions follow the global uid, not capabilities)."""
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+_DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+              ("stderr", "/proc/self/fd/2"))
+
+
+def _kept_flags(path: str) -> int:
+    """The nosuid/nodev/noexec flags of the mount at ``path``: a remount must keep them (they may be locked)."""
+    return os.statvfs(path).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+
+
+def _mount_points_under(path: str) -> list[str]:
+    """Mount points at or below ``path`` (from mountinfo, octal escapes decoded)."""
+    with open("/proc/self/mountinfo", "rb") as fh:
+        points = [line.split(b" ")[4].decode("unicode_escape").encode("latin-1").decode("utf-8", "surrogateescape")
+                  for line in fh.read().splitlines()]
+    top = path.rstrip("/") + "/"
+    return [p for p in points if p == path or p.startswith(top)]
+
+
+def _bind(src: str, dst: str) -> None:
+    """Bind ``src`` (a folder or file, with what is mounted below it) at ``dst``, creating the mount point."""
+    if os.path.isdir(src):
+        os.makedirs(dst, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.close(os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644))
+    _mount(src, dst, None, _MS_BIND | _MS_REC)
+
+
+def _mount_proc(target: str) -> None:
+    """A fresh /proc of this PID namespace at ``target``, with :data:`PROC_READ_ONLY` read-only."""
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _mount("proc", target, "proc", flags)
+    for knob in (f"{target}/{name}" for name in PROC_READ_ONLY):
+        if os.path.exists(knob):  # nothing is mounted below them in a fresh /proc
+            _mount(knob, knob, None, _MS_BIND)
+            _mount("none", knob, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
+
+
+def _enter_root(cfg: dict[str, Any]) -> None:
+    """namespaces mode, in the run's init (PID 1 of its PID namespace, in its own mount namespace): build
+    the minimal root of ``kernel-fs`` on a tmpfs at ``cfg["stage"]`` and pivot into it. Read-only binds of
+    the plan (``/usr``, the interpreter's prefixes, read paths, a few /etc files), a minimal /dev, a fresh
+    /proc of this PID namespace, tmpfs work folder (the disk quota) and state folder; the old root is
+    detached, so no /sys, host /tmp, host sockets or other host files remain reachable."""
+    stage, work = cfg["stage"], cfg["dir"]
+    owner = f",uid={cfg['uid']},gid={cfg['uid']}" if cfg["uid"] else ""
+    _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+    _mount("tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    for line in cfg["root"].split("\n"):
+        kind, path, target = line.split("\t")
+        if kind == "link":
+            os.makedirs(os.path.dirname(stage + path), exist_ok=True)
+            os.symlink(target, stage + path)
+        else:
+            _bind(path, stage + path)
+    for point in _mount_points_under(stage):  # the binds and what is mounted below them; the rest comes after
+        if point != stage:
+            _mount("none", point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(point))
+    dev = stage + "/dev"
+    os.mkdir(dev)
+    _mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
+    for name in (n for n in _DEV_NODES if os.path.exists(f"/dev/{n}")):
+        os.close(os.open(f"{dev}/{name}", os.O_WRONLY | os.O_CREAT, 0o666))
+        _mount(f"/dev/{name}", f"{dev}/{name}", None, _MS_BIND)
+    for name, target in _DEV_LINKS:
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(dev + "/shm")
+    _mount("tmpfs", dev + "/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=16m,mode=1777")
+    _mount("none", dev, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(dev))
+    os.mkdir(stage + "/proc")
+    _mount_proc(stage + "/proc")
+    quota = f"size={cfg['disk_mb']}m,mode=0755{owner}"
+    for target, data in ((work, quota), (os.path.dirname(cfg["counter"]), f"size=1m,mode=0755{owner}")):
+        os.makedirs(stage + target)
+        _mount("tmpfs", stage + target, "tmpfs", _MS_NOSUID | _MS_NODEV, data)
+    _copy_inputs(cfg["inputs"], stage + work)
+    cfg["inputs"] = ""
+    if cfg["uid"]:
+        for root, dirs, files in os.walk(stage + work):
+            for name in dirs + files:
+                os.lchown(os.path.join(root, name), int(cfg["uid"]), int(cfg["uid"]))
+    _mount("none", stage, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(stage))
+    os.chdir(stage)
+    libc = _libc()
+    if libc.syscall(_PIVOT_ROOT[os.uname().machine], b".", b".") != 0:  # the old root now lies on top
+        import ctypes
+
+        raise OSError(ctypes.get_errno(), "trex.sandbox: pivot_root failed")
+    if libc.umount2(b".", _MNT_DETACH) != 0:
+        raise OSError("trex.sandbox: cannot detach the host's root")
+    os.chdir("/")
+
+
+def _drop_privileges(network: bool, uid: str = "") -> None:
+    """Warm run's PID 1, namespaces mode's user program: no capabilities (bounding, ambient, effective,
+    permitted), the run's own ``uid`` when given, no new privileges, then the seccomp filter, so the run
+    ends up where a cold bwrap run starts."""
     import ctypes
 
     libc = _libc()
@@ -491,6 +598,10 @@ def _drop_privileges(network: bool) -> None:
         if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP; EINVAL past the last capability
             break
     libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    if uid:
+        os.setgroups([])
+        os.setresgid(int(uid), int(uid), int(uid))
+        os.setresuid(int(uid), int(uid), int(uid))
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     data = (ctypes.c_uint32 * 6)()
     if libc.capset(header, data) != 0 or libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
@@ -538,22 +649,17 @@ def _warm_job(msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if _libc().umount2(RUNS.encode(), _MNT_DETACH) != 0:  # other runs' inputs leave this run's view
             raise OSError("trex.sandbox: cannot hide the other runs' inputs")
         for target in ("/", "/dev"):  # keep the flags the sandbox's own mounts are locked with
-            kept = os.statvfs(target).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-            _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
+            _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _kept_flags(target))
         sup = os.fork()
     except BaseException as exc:
-        os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
-        os.write(status_fd, b"status e 126\n")
-        os._exit(126)
+        _setup_failed(exc, status_fd)
     if sup == 0:
         try:
-            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            _mount_proc("/proc")
             _drop_privileges(bool(cfg["network"]))
             _place_fds({STATUS_FD: status_fd, RECORDS_FD: records_fd, COLLECT_FD: collect_fd})
         except BaseException as exc:
-            os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
-            os.write(status_fd, b"status e 126\n")
-            os._exit(126)
+            _setup_failed(exc, status_fd)
         cfg["records_fd"] = RECORDS_FD
         _supervise(cfg)
         return cfg
@@ -711,21 +817,19 @@ def _job(payload: bytes, fds: list[int]) -> dict[str, Any]:
         os.close(src)
     cfg = parse_config(msg["argv"])
     cfg["records_fd"] = records_fd
-    os.chdir("/" if cfg["mode"] == "kernel-fs" else cfg["dir"])
+    os.chdir("/")
     os.environ.clear()
     os.environ.update(msg["env"])
     try:
         _setup(cfg)
         if cfg["mode"] == "kernel-fs":
             _exec_bwrap(cfg, {STATUS_FD: status_fd, RECORDS_FD: records_fd, COLLECT_FD: fds[4]})
-        _set_parent_death_signal()  # after _setup: changing credentials clears it
-        if cfg["mode"] != "namespaces":
+        _set_parent_death_signal()
+        if cfg["mode"] != "namespaces" or len(fds) < 5:
             raise RuntimeError("the zygote runs namespaces and kernel-fs jobs only")
-        _spawn_init(status_fd)
     except BaseException as exc:  # report set-up failures like a crashed program
-        os.write(2, f"trex.sandbox: set-up failed: {exc!r}\n".encode())
-        os.write(status_fd, b"status e 126\n")
-        os._exit(126)
+        _setup_failed(exc, status_fd)
+    _spawn_init(cfg, status_fd, fds[4])
     return cfg
 
 
@@ -799,6 +903,11 @@ def _supervise(cfg: dict[str, Any]) -> None:
     if user == 0:
         os.closerange(STATUS_FD, STATUS_FD + 1)
         os.closerange(COLLECT_FD, SECCOMP_FD + 1)
+        if cfg["mode"] == "namespaces":  # kernel-fs: bwrap or the warm launcher did this for the supervisor
+            try:
+                _drop_privileges(bool(cfg["network"]), cfg["uid"])
+            except BaseException as exc:
+                _setup_failed(exc, -1)
         return
     os.close(RECORDS_FD)
     status = 0
@@ -879,7 +988,7 @@ def main() -> None:
         else:
             _setup(cfg)
             if cfg["mode"] == "namespaces":
-                _spawn_init(-1)
+                _spawn_init(cfg, -1, int(cfg["pipes"].split(",")[1]))
     _run_program(cfg)
 
 

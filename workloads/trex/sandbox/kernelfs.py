@@ -4,11 +4,13 @@ Each run gets a private mount namespace whose root holds only read-only binds of
 merged-/usr symlinks), the interpreter's prefixes (stdlib and site-packages, not ``sys.path``
 entries such as an editable project tree), the licence file and ``Limits.read_paths``; a
 size-limited tmpfs work folder (:data:`WORKDIR`, the disk quota); a fresh /proc of its own PID
-namespace; a minimal /dev. No /sys, no host /tmp, no host sockets. ``--unshare-all`` (network
-only with ``Limits.network``), ``--disable-userns``, ``--die-with-parent``, ``--new-session``,
+namespace (its global knobs, ``_boot.PROC_READ_ONLY``, read-only); a minimal /dev. No /sys, no host /tmp, no host sockets. ``--unshare-all`` (network
+only with ``Limits.network``), ``--disable-userns`` (bwrap 0.8+; older ones, such as Ubuntu 22.04's
+0.6, rely on the seccomp filter alone to refuse new user namespaces), ``--die-with-parent``, ``--new-session``,
 ``--cap-drop ALL``, ``--as-pid-1`` (the supervisor is init) and
 the seccomp filter of :func:`trex.sandbox._boot.seccomp_filter` (the bootstrap's outer stage puts
-it on descriptor 6).
+it on descriptor 6). :func:`root_plan` is that root's file list; ``namespaces`` mode, where bwrap
+cannot run, builds the same root from it in the bootstrap.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from trex.sandbox._boot import RUNS, SECCOMP_FD
+from trex.sandbox._boot import PROC_READ_ONLY, RUNS, SECCOMP_FD
 
 BWRAP_VAR = "TREX_SANDBOX_BWRAP"
 WORKDIR = "/sandbox"
@@ -71,18 +73,59 @@ def minimal_binds(paths: Sequence[str]) -> list[str]:
     return kept
 
 
-def _root(roots: Sequence[str], network: bool) -> list[str]:
-    """bwrap options of the minimal root: /usr, the merged-/usr links, ``roots`` and a few /etc files."""
-    argv = ["--ro-bind", "/usr", "/usr"]
+def root_plan(roots: Sequence[str], network: bool) -> list[tuple[str, str, str]]:
+    """The minimal root's files, outermost first: ``("ro", path, "")`` read-only binds of ``/usr``, ``roots``
+    and a few /etc files, ``("link", path, target)`` the merged-/usr links (pure but for stat)."""
+    plan = [("ro", "/usr", "")]
     for name in _TOP_LINKS:
         host = "/" + name
         if os.path.islink(host):
-            argv += ["--symlink", os.readlink(host), host]
+            plan.append(("link", host, os.readlink(host)))
         elif os.path.isdir(host):
-            argv += ["--ro-bind", host, host]
-    for p in minimal_binds([*roots, *_ETC, *(_ETC_NET if network else ())]):
-        argv += ["--ro-bind", p, p]
-    return [*argv, "--proc", "/proc", "--dev", "/dev", "--dir", STATE]
+            plan.append(("ro", host, ""))
+    plan += [("ro", p, "") for p in minimal_binds([*roots, *_ETC, *(_ETC_NET if network else ())])]
+    return plan
+
+
+def plan_text(plan: Sequence[tuple[str, str, str]]) -> str:
+    """:func:`root_plan` as the bootstrap reads it (``namespaces`` mode builds the root itself): one
+    ``kind\tpath\ttarget`` line per entry."""
+    return "\n".join("\t".join(entry) for entry in plan)
+
+
+def _root(roots: Sequence[str], network: bool) -> list[str]:
+    """bwrap options of the minimal root (:func:`root_plan`), a fresh /proc (its global knobs read-only) and
+    /dev, and the state folder."""
+    argv: list[str] = []
+    for kind, path, target in root_plan(roots, network):
+        argv += ["--symlink", target, path] if kind == "link" else ["--ro-bind", path, path]
+    argv += ["--proc", "/proc"]
+    for name in PROC_READ_ONLY:  # the host's entries: the same global knobs (net/ follows the reader's netns)
+        argv += ["--ro-bind-try", f"/proc/{name}", f"/proc/{name}"]
+    return [*argv, "--dev", "/dev", "--dir", STATE]
+
+
+@functools.cache
+def bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """The version ``bwrap --version`` reports (``bubblewrap 0.8.0`` -> (0, 8, 0)); () when it says none."""
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return parse_version(out)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``bubblewrap X.Y.Z`` -> (X, Y, Z); () for any other text (pure)."""
+    words = text.split()
+    if len(words) != 2 or words[0] != "bubblewrap":
+        return ()
+    parts = words[1].split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+
+
+DISABLE_USERNS_SINCE = (0, 8, 0)
+"""bwrap's ``--disable-userns`` first release."""
 
 
 def bwrap_command(bwrap: str, roots: Sequence[str], host_inputs: str, disk_mb: int, network: bool,
@@ -90,8 +133,10 @@ def bwrap_command(bwrap: str, roots: Sequence[str], host_inputs: str, disk_mb: i
     """The bwrap argv that runs ``inner`` in the minimal root described in the module docstring."""
     # --cap-drop: bwrap keeps a root caller's capabilities otherwise; --as-pid-1: the supervisor is the
     # namespace's init, which the program cannot signal.
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--as-pid-1"]
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--as-pid-1"]
+    if bwrap_version(bwrap) >= DISABLE_USERNS_SINCE:
+        argv.append("--disable-userns")
     if network:
         argv.append("--share-net")
     return [*argv, *_root(roots, network), "--size", str(disk_mb << 20), "--tmpfs", WORKDIR,

@@ -26,9 +26,6 @@ from typing import Any
 
 from trex.sandbox import kernelfs
 from trex.sandbox._boot import (
-    CLONE_NEWNET,
-    CLONE_NEWPID,
-    CLONE_NEWUSER,
     CONFIG_KEYS,
     EXEC_MARK,
     MAX_RECORDS,
@@ -102,8 +99,8 @@ class SandboxResult:
     files: dict[str, bytes] = field(default_factory=dict)
     """Collected output files, by the relative name asked for (missing ones are absent)."""
     mode: str = ""
-    """Isolation used: ``kernel-fs`` (bubblewrap), ``namespaces`` (kernel namespaces, shared file
-    system) or ``audit`` (audit-hook guard only)."""
+    """Isolation used: ``kernel-fs`` (bubblewrap), ``namespaces`` (kernel namespaces and the same minimal
+    root, set up by the bootstrap) or ``audit`` (audit-hook guard only)."""
     solves: list[dict[str, Any]] = field(default_factory=list)
     """What the instrumented solvers recorded, one dict per ``optimize``/``run`` call, in order: ``api``,
     ``status``, ``objective``, ``num_vars``, ``num_constrs``, ``lp`` (text or None), ``lp_truncated``."""
@@ -137,33 +134,23 @@ class SandboxResult:
 # isolation mode
 
 
-_PROBE = "\n".join([
-    "import ctypes, os",
-    "libc = ctypes.CDLL(None, use_errno=True)",
-    "u, g = os.geteuid(), os.getegid()",  # before unshare: unmapped ids read as the overflow id after it
-    f"assert libc.unshare({CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET}) == 0",
-    "for name, data in (('setgroups', 'deny'), ('uid_map', f'{u} {u} 1'), ('gid_map', f'{g} {g} 1')):",
-    "    fd = os.open('/proc/self/' + name, os.O_WRONLY)",
-    "    os.write(fd, data.encode())",
-    "    os.close(fd)",
-    "pid = os.fork()",  # the first child becomes PID 1 of the new namespace
-    "if pid == 0:",
-    "    os._exit(0)",
-    "assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0",
-])
+def namespaces_available(python: str | None = None) -> bool:
+    """Whether a ``namespaces`` run of ``python`` (default: this interpreter) works here: user (or, as root, a
+    uid of its own), mount, PID and network namespaces, the minimal root and the seccomp filter."""
+    return _namespaces_available(python or sys.executable)
 
 
 @functools.cache
-def namespaces_available() -> bool:
-    """Whether this kernel lets us create user+PID+network namespaces (probed once, in a child process)."""
+def _namespaces_available(python: str) -> bool:
+    """Probed once per interpreter, by a run."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        probe = subprocess.run([sys.executable, "-I", "-c", _PROBE], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        probe = _run("import os\nos.listdir('.')\n", "namespaces", Limits(timeout_s=60.0, cpu_s=60), {}, (),
+                     python, None)
+    except (OSError, KeyError, ValueError, subprocess.SubprocessError):
         return False
-    return probe.returncode == 0
+    return probe.ok
 
 
 DROP_VAR = "TREX_SANDBOX_DROP_UID"
@@ -175,7 +162,6 @@ _DROP_PROBE = "\n".join([
     "for p in sys.path:",
     "    if os.path.isdir(p):",
     "        os.listdir(p)",
-    "assert os.access(sys.argv[1], os.X_OK), 'temporary directory not traversable'",
 ])
 
 
@@ -190,19 +176,12 @@ def uid_drop_available(python: str) -> bool:
         return False
     probe_uid = RUN_UID_BASE + RUN_UID_SPAN  # just past the run range
     try:
-        probe = subprocess.run([python, "-I", "-c", _DROP_PROBE, tempfile.gettempdir()], user=probe_uid,
+        probe = subprocess.run([python, "-I", "-c", _DROP_PROBE], user=probe_uid,
                                group=probe_uid, extra_groups=[], cwd="/", stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
     except (OSError, subprocess.SubprocessError):
         return False
     return probe.returncode == 0
-
-
-def _prepare_for_uid(root: Path, work: Path, uid: int) -> None:
-    """Let ``uid`` traverse the run's root folder and own its work folder."""
-    os.chmod(root, 0o711)
-    for path in [work, *work.rglob("*")]:
-        os.lchown(path, uid, uid)
 
 
 MODE_VAR = "TREX_SANDBOX_MODE"
@@ -248,10 +227,11 @@ def isolation_mode(python: str | None = None) -> str:
         return "kernel-fs"
     if wanted == "kernel-fs":
         raise RuntimeError(f"{MODE_VAR}=kernel-fs but bubblewrap cannot run here (install the bubblewrap package)")
-    if namespaces_available():
+    if namespaces_available(python):
         return "namespaces"
     if wanted == "namespaces":
-        raise RuntimeError(f"{MODE_VAR}=namespaces but this kernel does not allow user namespaces here")
+        raise RuntimeError(f"{MODE_VAR}=namespaces but user namespaces with mounts and a fresh /proc are not "
+                           "allowed here")
     return "audit"
 
 
@@ -263,7 +243,8 @@ def require_isolation(minimum: str, python: str | None = None) -> str:
     mode = isolation_mode(python)
     if ISOLATION_LEVELS.index(mode) < ISOLATION_LEVELS.index(minimum):
         hint = ("install bubblewrap (Debian package bubblewrap) and allow user namespaces"
-                if minimum == "kernel-fs" else "allow unprivileged user namespaces")
+                if minimum == "kernel-fs" else "allow unprivileged user namespaces with mounts and a fresh /proc")
+        hint += " (docs/cluster.md, 'Sandbox isolation')"
         raise RuntimeError(f"sandbox.minIsolation is {minimum} but only {mode} isolation is available here: {hint}")
     return mode
 
@@ -887,6 +868,7 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
          interpreter: str, env: Mapping[str, str] | None, warm: bool | None = None) -> SandboxResult:
     sandbox_id = uuid.uuid4().hex
     kfs = mode == "kernel-fs"
+    own_root = kfs or mode == "namespaces"  # the run sees only the minimal root; files come back on a pipe
     read = [os.path.abspath(p) for p in limits.read_paths]
     lic = os.environ.get("GRB_LICENSE_FILE")
     if lic:
@@ -905,27 +887,33 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
         cgroup = _make_cgroup(sandbox_id, limits.max_processes)
         drop = mode == "namespaces" and os.environ.get(DROP_VAR, "auto") != "off" and uid_drop_available(interpreter)
         run_uid = RUN_UID_BASE + secrets.randbelow(RUN_UID_SPAN) if drop else None
-        if run_uid is not None:
-            _prepare_for_uid(root, work, run_uid)
+        stage, plan = "", ""
+        if mode == "namespaces":
+            (root / "fs").mkdir()
+            stage = str(root / "fs")
+            roots = [*kernelfs.interpreter_roots(interpreter), *read]
+            plan = kernelfs.plan_text(kernelfs.root_plan(roots, limits.network))
         # RLIMIT_NPROC counts per user namespace: one per cold run, but warm runs share the server's.
         own_ns = mode != "audit" and server is None
         nproc = limits.max_processes if (own_ns and (drop or os.geteuid() != 0)) else 0
         cfg: dict[str, Any] = {
-            "dir": kernelfs.WORKDIR if kfs else str(work), "script": SCRIPT_NAME, "mode": mode,
-            "counter": f"{kernelfs.STATE}/proc_count" if kfs else str(root / "proc_count"),
+            "dir": kernelfs.WORKDIR if own_root else str(work), "script": SCRIPT_NAME, "mode": mode,
+            "counter": f"{kernelfs.STATE}/proc_count" if own_root else str(root / "proc_count"),
             "count_forks": cgroup is None and nproc == 0, "read": read, "network": limits.network,
             "allow_subprocess": limits.allow_subprocess, "max_processes": limits.max_processes,
             "cgroup": "", "rlimits": f"{limits.cpu_s},{limits.memory_mb},{limits.max_file_mb},"
                                      f"{limits.max_open_files},{nproc}",
             "uid": "" if run_uid is None else str(run_uid), "records_fd": RECORDS_FD, "pipes": "",
             "collect": "\n".join(names), "model_cap": limits.max_model_kb << 10,
-            "inputs": "" if not kfs else (kernelfs.INPUTS if server is None else f"{RUNS}/{root.name}/work"),
+            "inputs": str(work) if mode == "namespaces" else "" if not kfs else (
+                kernelfs.INPUTS if server is None else f"{RUNS}/{root.name}/work"),
+            "stage": stage, "root": plan, "disk_mb": limits.max_disk_mb,
         }
         child_env = _child_env(cfg["dir"], sandbox_id, env)
         cap = limits.max_output_kb * 1024
         start = time.monotonic()
         rec_r, rec_w = os.pipe()
-        col_r, col_w = os.pipe() if kfs else (-1, -1)
+        col_r, col_w = os.pipe() if own_root else (-1, -1)
         parent_ends = [rec_r, col_r]
         run: _Exec | _Forked
         try:
@@ -939,7 +927,7 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
             _close_all([fd for fd in (rec_w, col_w) if fd >= 0])
         streams = [_Stream(run.out_fd, cap, True), _Stream(run.err_fd, cap, True),
                    _Stream(rec_r, MAX_RECORDS * ((limits.max_model_kb << 10) + 4096), False)]
-        if kfs:
+        if own_root:
             streams.append(_Stream(col_r, len(names) * ((limits.max_file_mb << 20) + 4096), False))
         try:
             try:
@@ -955,7 +943,7 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
         wall = time.monotonic() - start
         stdout, stderr = _decode(bytes(streams[0].data), cap), _decode(bytes(streams[1].data), cap)
         reason = classify(timed_out=timed_out, overflow=overflow, exit_code=exit_code, sig=sig, stderr=stderr)
-        collected = (parse_collected(bytes(streams[3].data), names) if kfs
+        collected = (parse_collected(bytes(streams[3].data), names) if own_root
                      else _collect(work, names, limits.max_file_mb << 20))
         return SandboxResult(
             stdout=stdout, stderr=stderr, exit_code=exit_code, signal=sig, timed_out=timed_out, wall_s=wall,
@@ -997,12 +985,11 @@ def _start_cold(cfg: dict[str, Any], mode: str, interpreter: str, env: dict[str,
     try:
         if not _use_zygote(mode):
             raise ZygoteUnavailable("disabled")
-        extra = [rec_w, col_w] if mode == "kernel-fs" else [rec_w]
-        return _Forked(_zygote_for(interpreter), _boot_args(outer, command), env, extra)
+        return _Forked(_zygote_for(interpreter), _boot_args(outer, command), env, [rec_w, col_w])
     except ZygoteUnavailable:
         st_r, st_w = os.pipe() if mode == "kernel-fs" else (-1, -1)
         outer["records_fd"] = rec_w
-        outer["pipes"] = f"{st_w},{col_w}" if mode == "kernel-fs" else ""
+        outer["pipes"] = {"kernel-fs": f"{st_w},{col_w}", "namespaces": f"-1,{col_w}"}.get(mode, "")
         try:
             return _Exec([interpreter, "-I", "-c", _BOOT_SOURCE, *_boot_args(outer, command)], env, work,
                          [fd for fd in (rec_w, st_w, col_w) if fd >= 0], st_r if st_r >= 0 else None)

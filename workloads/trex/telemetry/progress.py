@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from types import TracebackType
 from typing import Any, TextIO
+
+RATE_WINDOW_S = 60.0
+"""Log lines report the rate over (about) the last minute, so a slow start or a pause fades out."""
+RATE_MIN_SPAN_S = 1.0
+"""No rate is shown before this much time has passed: one unit after a few milliseconds is no rate."""
+
+
+def window_rate(points: deque[tuple[float, int]], now: float, done: int,
+                window_s: float = RATE_WINDOW_S, min_span_s: float = RATE_MIN_SPAN_S) -> float | None:
+    """Units per second over the last ``window_s`` of ``points`` ((time, done) pairs, oldest first; trimmed in
+    place, ``(now, done)`` appended); None while they span less than ``min_span_s``. Units counted before the
+    first point (e.g. resumed work) never enter the rate."""
+    points.append((now, done))
+    while len(points) > 2 and now - points[1][0] >= window_s:
+        points.popleft()
+    t0, d0 = points[0]
+    return (done - d0) / (now - t0) if now - t0 >= min_span_s else None
 
 
 class Progress:
@@ -23,6 +41,7 @@ class Progress:
         self._task: Any = None
         self._last = 0.0
         self._start = time.monotonic()
+        self._points: deque[tuple[float, int]] = deque()
         self.fields: dict[str, object] = {}
 
     def __enter__(self) -> Progress:
@@ -41,6 +60,8 @@ class Progress:
 
     def update(self, advance: int = 1, **fields: object) -> None:
         """Advance by ``advance`` units and remember ``fields`` (shown next to the bar or in the log line)."""
+        if not self._points:  # the baseline: whatever was done before the first update (a resume) is no rate
+            self._points.append((self._start, self.done))
         self.done += advance
         self.fields.update(fields)
         info = " ".join(f"{k}={_fmt(v)}" for k, v in self.fields.items())
@@ -48,11 +69,12 @@ class Progress:
             self._bar.update(self._task, advance=advance, info=info)
             return
         now = time.monotonic()
+        rate = window_rate(self._points, now, self.done)
         if now - self._last >= self.every_s or self.done >= self.total:
             self._last = now
             pct = 100.0 * self.done / self.total if self.total else 100.0
-            rate = self.done / max(now - self._start, 1e-9)
-            print(f"[{self.description}] {self.done}/{self.total} ({pct:.1f}%) {rate:.2f}/s {info}".rstrip(),
+            shown = "" if rate is None else f" {rate:.2f}/s"
+            print(f"[{self.description}] {self.done}/{self.total} ({pct:.1f}%){shown} {info}".rstrip(),
                   file=self.stream, flush=True)
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:

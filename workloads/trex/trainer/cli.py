@@ -1,7 +1,9 @@
-"""`trex train --config cfg.yaml [--max-steps N] [--out DIR]`: run the trainer on the local device.
+"""`trex train --config cfg.yaml [--set a.b=v] [--max-steps N] [--out DIR] [--print-config]`: run the trainer
+on the local device.
 
-The YAML is a whole TrainerConfig or a file with a `trainer:` section (e.g. a TrainJob spec excerpt);
-without --config, TREX_CONFIG from the pod env contract names it. Exit codes: 0 done, 1 failure,
+The YAML is a whole TrainerConfig, a file with a `trainer:` section, or a TrainJob manifest (its
+spec.trainer); without --config, TREX_CONFIG from the pod env contract names it. `--set optim.lr=3e-4`
+overrides one field (camelCase path, YAML value); `--print-config` prints the resolved config and exits. Exit codes: 0 done, 1 failure,
 2 bad config (one line naming the field), 143 stopped by SIGTERM after a final checkpoint.
 """
 
@@ -18,7 +20,11 @@ EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_TERMINATED = 0, 1, 2, 143
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trex train", description="Train a model from a TrainerConfig YAML.")
-    p.add_argument("--config", help="TrainerConfig YAML (whole file or its `trainer:` section); default TREX_CONFIG")
+    p.add_argument("--config", help="TrainerConfig YAML (whole file, its `trainer:` section, or a TrainJob "
+                   "manifest's spec.trainer); default TREX_CONFIG")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="overrides",
+                   help="override one field, camelCase path (repeatable), e.g. --set optim.lr=3e-4")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
     p.add_argument("--max-steps", type=int, default=None, help="override maxSteps")
     p.add_argument("--out", default=".", help="output directory (relative checkpoint dir, tokenizer cache)")
     p.add_argument("--metrics-port", type=int, default=None,
@@ -26,27 +32,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_config(path: str, max_steps: int | None) -> Any:
-    """TrainerConfig from ``path``; raises ValueError with one line naming the field."""
-    import yaml
-    from pydantic import ValidationError
-
-    from trex.config_base import format_validation_error, load_yaml_config
+def load_config(path: str, max_steps: int | None, overrides: list[str] | None = None) -> Any:
+    """TrainerConfig from ``path`` and the overrides; raises ValueError with one line naming the field."""
+    from trex.config_base import load_config as load
     from trex.trainer.config import TrainerConfig
 
-    try:
-        cfg = load_yaml_config(TrainerConfig, path, section="trainer")
-    except FileNotFoundError:
-        raise ValueError(f"--config: {path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"--config: {path} is not valid YAML ({str(e).splitlines()[0]})") from None
-    except ValidationError as e:
-        raise ValueError(format_validation_error(e)[0]) from None
-    if max_steps is not None:
-        if max_steps <= 0:
-            raise ValueError(f"--max-steps: must be positive, got {max_steps}")
-        cfg = cfg.model_copy(update={"max_steps": max_steps})
-    return cfg
+    if max_steps is not None and max_steps <= 0:
+        raise ValueError(f"--max-steps: must be positive, got {max_steps}")
+    base = {"maxSteps": max_steps} if max_steps is not None else None
+    return load(TrainerConfig, path, kind="TrainJob", section="trainer", overrides=overrides or [], base=base)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print("trex train: --config is required (or set TREX_CONFIG)", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        cfg = load_config(path, args.max_steps)
+        cfg = load_config(path, args.max_steps, args.overrides)
     except ValueError as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -74,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"trex train: invalid config: {problems[0][0]}: {problems[0][1]}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.print_config:
+        from trex.config_base import dump_config
+
+        print(dump_config(cfg), end="")
+        return EXIT_OK
 
     from trex.telemetry.progress import Progress
     from trex.telemetry.summary import write_termination_summary

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, model_validator
 
 from trex.config_base import TrexModel
+from trex.reasoning import ReasoningMode, mode_problems
 
 if TYPE_CHECKING:
     from trex.trainer.mfu import DeviceSku
@@ -330,6 +331,24 @@ class DataConfig(TrexModel):
     """Sequences per optimizer step over all data-parallel ranks."""
     seed: int = Field(default=1234, ge=0)
     """Shuffle seed."""
+    reasoning_mode: ReasoningMode | None = None
+    """Chat (SFT) samples in DeepSeek-V4's layout for this mode (non-think, think-high, think-max; trex.reasoning):
+    think tags, assistant reasoning_content, DSML tool calls, tool results; unset = the plain chat layout.
+    Evaluate with the same evaluation.reasoningMode."""
+    think_max_prompt: str | None = None
+    """think-max: the special system prompt put before each sample's system message
+    (examples/evaljob-think-max.yaml holds the published text)."""
+
+    @model_validator(mode="after")
+    def _reasoning(self) -> DataConfig:
+        longest = max([self.seq_len, *(s.seq_len for s in self.seq_len_curriculum)])
+        where = "seqLen" if longest == self.seq_len else "seqLenCurriculum"
+        problems = mode_problems(self.reasoning_mode, self.think_max_prompt, longest, "", where)
+        if self.reasoning_mode is not None and self.format == "text":
+            problems.append(("reasoningMode", "applies to chat records; format is 'text'"))
+        if problems:  # one line, naming the field; the next problem shows once this one is fixed
+            raise ValueError(f"{problems[0][0]}: {problems[0][1]}")
+        return self
 
 
 class CheckpointConfig(TrexModel):

@@ -317,6 +317,14 @@ def read_hf_tensors(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor
 def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> None:
     """Copy a DeepSeek-V3 or -V4 checkpoint (HF or, for V4, original names; quantized or not) into
     `model` (shapes must match; missing keys are an error)."""
+    model.load_state_dict(hf_state_for(model, directory), strict=False)
+    for _, gate in model.moe_gates():
+        gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
+
+
+def hf_state_for(model: DeepSeekModel, directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """A checkpoint folder's tensors under ``model``'s state-dict names, checked against its (global) shapes;
+    the hash routers' unused biases and, where the checkpoint has none, the MTP modules are left out."""
     from trex.trainer.quant_io import dequantize_tensors
 
     check_hf_compatible(model.args)
@@ -345,9 +353,7 @@ def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> Non
     for k, v in ours.items():
         if tuple(v.shape) != tuple(state[k].shape):
             raise ValueError(f"{k}: checkpoint shape {tuple(v.shape)} != model shape {tuple(state[k].shape)}")
-    model.load_state_dict(ours, strict=False)
-    for _, gate in model.moe_gates():
-        gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
+    return ours
 
 
 def args_from_hf_dir(directory: str | os.PathLike[str]) -> ModelArgs:

@@ -31,20 +31,13 @@ from trex.runtime.device import (
     set_rng_state,
     supports_dtype,
 )
-from trex.trainer.checkpoint import CheckpointManager, config_hash
+from trex.trainer.build import build_checkpointer, build_layout, build_model_and_optimizers, ns_dtype
 from trex.trainer.config import TrainerConfig, resolved_model_values, support_problems
 from trex.trainer.data.build import build_data
 from trex.trainer.data.sources import DataError
-from trex.trainer.optim.build import (
-    Optimizers,
-    apply_hparams,
-    build_optimizers,
-    clip_grad_norm,
-    resolve_ns_dtype,
-    schedule_factor,
-)
+from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, schedule_factor
 from trex.trainer.optim.schedule import global_batch_at, micro_steps, seq_len_at
-from trex.trainer.optim.swap import SwapOptimizers, SwapStats, with_swap
+from trex.trainer.optim.swap import SwapOptimizers, SwapStats
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
 
 
@@ -231,17 +224,10 @@ class Trainer:
             raise ConfigProblem("model.dtype", f"{cfg.model.dtype} is not supported on {self.device.kind}")
         set_deterministic(cfg.deterministic, self.device.kind)
         seed_everything(cfg.seed, self.device.kind)
-        self.meshes = None
-        self.dp_group: Any = None
+        self.layout = build_layout(self.dims, self.world, self.device.kind)
+        self.meshes = self.layout.meshes
+        self.dp_group: Any = self.layout.dp_group
         self.parallel: Any = None
-        if self.dims.parallel:
-            from trex.trainer.parallel.mesh import build_meshes
-
-            self.meshes = build_meshes(self.dims, self.device.kind)
-            self.dp_group = self.meshes.dp.get_group()
-            # Muon's exchange gets a group of its own: FSDP2 may still have reductions in flight on groups
-            # that span the same ranks.
-            self.muon_group = dist.new_group(list(range(self.world)))
         try:
             self.tokenizer, self.loader, self.format = build_data(
                 cfg.data, self.ckpt_dir.parent / "tokenizer", int(str(resolved_model_values(cfg.model)["vocab_size"])))
@@ -257,8 +243,7 @@ class Trainer:
         self.detector = SpikeDetector(cfg.stability.window, cfg.stability.z_threshold, cfg.stability.warmup_steps,
                                       cfg.stability.cooldown_steps)
         self.anticipatory = self._anticipatory()
-        hashed = cfg.model_dump(mode="json", include={"mode", "model", "optimizer", "routing", "data", "seed"})
-        self.ckpt = CheckpointManager(self.ckpt_dir, cfg.checkpoint.keep_last, config_hash(hashed), group, self.log)
+        self.ckpt = build_checkpointer(cfg, self.ckpt_dir, group, self.log)
         self.step = 0
         self.skipped = 0
         self.spikes = 0
@@ -269,37 +254,9 @@ class Trainer:
 
     # --- construction -------------------------------------------------------------------------
     def _fresh(self) -> tuple[nn.Module, Optimizers]:
-        from trex.runtime.device import torch_dtype
-        from trex.trainer.model import build_model
-        from trex.trainer.parallel.recompute import apply_recompute
-
-        dtype = torch_dtype(self.cfg.model.dtype)
-        if self.meshes is None:
-            model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=dtype, seed=self.cfg.seed)
-            apply_recompute(model, self.cfg.recompute)
-            opts = build_optimizers(model, dict(model.param_roles()), self.cfg.optimizer, ns_dtype=self._ns_dtype())
-            return model, with_swap(opts, self.cfg.optimizer.swap, self.device.kind)
-        from trex.trainer.parallel.muon import ShardedOrthogonalize
-        from trex.trainer.parallel.parallelize import parallelize
-
-        # Sharded bf16 parameters are fp32 masters; FSDP2 gathers them in the model dtype for compute.
-        master = torch.float32 if dtype == torch.bfloat16 else dtype
-        model = build_model(self.cfg.model, device=self.device.torch_device(), dtype=master, seed=self.cfg.seed)
-        roles: dict[str, str] = dict(model.param_roles())
-        self.parallel = parallelize(model, self.dims, self.meshes, param_dtype=dtype,
-                                    reshard_after_forward=self.cfg.parallelism.reshard_after_forward,
-                                    recompute=self.cfg.recompute)
-        opts = build_optimizers(model, roles, self.cfg.optimizer, ns_dtype=self._ns_dtype())
-        if opts.muon is not None:
-            opts.muon.orthogonalize = ShardedOrthogonalize(self.cfg.optimizer.muon.distributed, self.muon_group)
-        return model, with_swap(opts, self.cfg.optimizer.swap, self.device.kind)
-
-    def _ns_dtype(self) -> torch.dtype:
-        from trex.runtime.device import fast_bf16
-
-        if self.cfg.model.dtype == "fp64":
-            return torch.float64
-        return resolve_ns_dtype(self.cfg.optimizer.muon.ns_dtype, fast_bf16(self.device.kind))
+        built = build_model_and_optimizers(self.cfg, self.device, self.layout)
+        self.parallel = built.parallel
+        return built.model, built.opts
 
     def _anticipatory(self) -> AnticipatoryRouting:
         model: Any = self.model
@@ -317,7 +274,7 @@ class Trainer:
             self.log(f"metrics on :{exporter.serve(port)}/metrics")
         jsonl_path = Path(self.cfg.logging.jsonl) if self.cfg.logging.jsonl else self.ckpt_dir / "metrics.jsonl"
         fpt = self._fpt(self.cfg.data.seq_len)
-        peak, source = peak_flops(self.device, measure_peak, dtype=self.compute_dtype)
+        peak, source = mfu_mod.peak_flops(self.device, measure_peak, dtype=self.compute_dtype)
         convention = str(mfu_mod.FLOPS_CONVENTION)
         label = f"{self.device.kind}:{self.device.name}"
         exporter.metric("trex_train_peak_flops", job_name=self.job, device=label, source=source).set(peak)
@@ -398,7 +355,7 @@ class Trainer:
         if loaded is None:
             return False
         # Optimizer states come from the checkpoint; hyper-parameters from the current config.
-        apply_hparams(self.opts, self.cfg.optimizer, self._ns_dtype())
+        apply_hparams(self.opts, self.cfg.optimizer, ns_dtype(self.cfg, self.device.kind))
         if isinstance(self.opts, SwapOptimizers):
             self.opts.offload()  # the loaded states go to host memory now, not at the first step
         x = loaded.extra
@@ -523,9 +480,15 @@ class Trainer:
         if cfg.checkpoint.resume and self.resume():
             return
         if cfg.checkpoint.init_from_hf:
-            from trex.trainer.hf import load_hf_into
+            from trex.trainer.hf import hf_state_for, load_hf_into
 
-            load_hf_into(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
+            if self.meshes is None:
+                load_hf_into(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
+            else:  # every rank reads the folder and keeps its own shards
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+                state: dict[str, Any] = dict(hf_state_for(self.model, cfg.checkpoint.init_from_hf))  # type: ignore[arg-type]
+                set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
             self.log(f"initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
 
     def request_stop(self, *_: Any) -> None:
@@ -581,45 +544,6 @@ class Trainer:
         from trex.trainer import mfu as mfu_mod
 
         return float(mfu_mod.flops_per_token(resolved_model_values(self.cfg.model), seq_len))
-
-
-def peak_flops(device: DeviceInfo, measure: bool = True, seconds: float = 1.0,
-               dtype: str = "fp32") -> tuple[float, str]:
-    """(peak FLOP/s, source): the SKU catalog for accelerators, a short calibration GEMM on CPU or unknown SKUs.
-    On CPU the calibration runs in the training's GEMM dtype (``dtype``: "fp32" or "bf16"), so a bf16 run's
-    MFU is measured against the bf16 peak, not the lower fp32 one."""
-    from trex.trainer import mfu as mfu_mod
-
-    if device.kind != "cpu":
-        name = device.name.lower().replace(" ", "")
-        for key in sorted(mfu_mod.PEAK_FLOPS, key=len, reverse=True):
-            if key in name:
-                return mfu_mod.device_peak(key), f"catalog:{key}"
-        return measure_device_gemm_flops(device, seconds), f"measured-gemm-bf16:{device.kind}"
-    if not measure:
-        return measure_device_gemm_flops(device, 0.05, n=256), "measured-gemm-fp32:cpu-quick"
-    return mfu_mod.measure_cpu_peak_flops(seconds=seconds, dtype=dtype), f"measured-gemm-{dtype}:cpu"
-
-
-def measure_device_gemm_flops(device: DeviceInfo, seconds: float, n: int = 4096) -> float:
-    """Best FLOP/s of square GEMMs on ``device`` (bf16 on accelerators, fp32 on CPU) over about ``seconds``."""
-    dev = device.torch_device()
-    dtype = torch.float32 if device.kind == "cpu" else torch.bfloat16
-    a = torch.randn(n, n, device=dev, dtype=dtype)
-    b = torch.randn(n, n, device=dev, dtype=dtype)
-    mod = device.module()
-    torch.mm(a, b)
-    mod.synchronize()
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(4):
-            torch.mm(a, b)
-        mod.synchronize()
-        best = max(best, 4 * 2 * n**3 / max(time.perf_counter() - t0, 1e-9))
-        if time.perf_counter() >= deadline:
-            return best
 
 
 def install_sigterm(trainer: Trainer) -> None:

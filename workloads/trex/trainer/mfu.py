@@ -1,5 +1,5 @@
-"""Parameter counts, FLOPs per token, MFU and the device catalog (pure Python; torch only for the CPU
-peak calibration). Per-device memory is planned by trex.trainer.plan.
+"""Parameter counts, FLOPs per token, MFU, the device catalog and the peak FLOP/s a run is measured against
+(pure Python; torch only for the peak calibrations). Per-device memory is planned by trex.trainer.plan.
 
 FLOPs convention (label `FLOPS_CONVENTION`), per trained token (forward + backward):
 
@@ -23,7 +23,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trex.runtime.device import DeviceInfo
 
 FLOPS_CONVENTION = "6N_active+attn_causal"
 """Label carried next to the MFU gauge: 6 x active non-embedding params + attended-key attention term."""
@@ -246,3 +249,42 @@ def mfu(tokens_per_second: float, flops_per_token_: float, peak: float) -> float
     if peak <= 0:
         raise ValueError(f"peak FLOP/s must be positive, got {peak}")
     return tokens_per_second * flops_per_token_ / peak
+
+
+def peak_flops(device: DeviceInfo, measure: bool = True, seconds: float = 1.0,
+               dtype: str = "fp32") -> tuple[float, str]:
+    """(peak FLOP/s, source): the SKU catalog for accelerators, a short calibration GEMM on CPU or unknown SKUs.
+    On CPU the calibration runs in the training's GEMM dtype (``dtype``: "fp32" or "bf16"), so a bf16 run's
+    MFU is measured against the bf16 peak, not the lower fp32 one."""
+    if device.kind != "cpu":
+        name = device.name.lower().replace(" ", "")
+        for key in sorted(PEAK_FLOPS, key=len, reverse=True):
+            if key in name:
+                return device_peak(key), f"catalog:{key}"
+        return measure_device_gemm_flops(device, seconds), f"measured-gemm-bf16:{device.kind}"
+    if not measure:
+        return measure_device_gemm_flops(device, 0.05, n=256), "measured-gemm-fp32:cpu-quick"
+    return measure_cpu_peak_flops(seconds=seconds, dtype=dtype), f"measured-gemm-{dtype}:cpu"
+
+
+def measure_device_gemm_flops(device: DeviceInfo, seconds: float, n: int = 4096) -> float:
+    """Best FLOP/s of square GEMMs on ``device`` (bf16 on accelerators, fp32 on CPU) over about ``seconds``."""
+    import torch
+
+    dev = device.torch_device()
+    dtype = torch.float32 if device.kind == "cpu" else torch.bfloat16
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    mod = device.module()
+    torch.mm(a, b)
+    mod.synchronize()
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b)
+        mod.synchronize()
+        best = max(best, 4 * 2 * n**3 / max(time.perf_counter() - t0, 1e-9))
+        if time.perf_counter() >= deadline:
+            return best

@@ -39,10 +39,12 @@ def _load(args: argparse.Namespace) -> tuple[Any, int, Any, int | None, list[str
         raise ValueError(f"{args.file}: cannot read: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{args.file}: not valid YAML ({str(e).splitlines()[0]})") from None
+    model: Any = TrainerConfig
     try:
         if isinstance(doc, dict) and doc.get("kind") == "TrainJob":
             from trex_operator.api import TrainJob
 
+            model = TrainJob
             job = TrainJob.model_validate(doc, by_alias=True, by_name=False, context={"rules": False})
             spec = job.spec
             cfg, world = spec.trainer, args.world or spec.replicas * spec.devices_per_replica
@@ -56,7 +58,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, int, Any, int | None, list[str
             device = DEVICES[args.device or "cpu"]
             capacity = device.memory_bytes if device.memory_bytes is not None else _host_memory() // world
     except ValidationError as e:
-        raise ValueError(format_validation_error(e)[0]) from None
+        raise ValueError(format_validation_error(e, model=model)[0]) from None
     if world <= 0:
         raise ValueError(f"--world must be positive, got {world}")
     problems = [f"{p}: {m}" for p, m in job_problems(cfg, world, device, capacity)]

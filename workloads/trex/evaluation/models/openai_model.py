@@ -9,6 +9,9 @@ from trex.llm.client import ChatClient, ChatResult
 class OpenAIModel:
     """Pinned sampling; sample i of an item uses seed + i so k > 1 samples differ but rerun identically."""
 
+    splits_reasoning = True
+    """Servers with a reasoning parser return only the answer as content (see trex.reasoning.answer_of)."""
+
     def __init__(self, client: ChatClient) -> None:
         self.client = client
         self.name = f"openai:{client.model}"

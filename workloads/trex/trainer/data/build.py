@@ -15,7 +15,7 @@ from trex.prompt_contract import PAD
 from trex.trainer.config import DataConfig
 from trex.trainer.data.loader import PackedLoader, SampleLoader
 from trex.trainer.data.packing import EncodedDoc, encode_chat, encode_text, policy_counts
-from trex.trainer.data.sources import corpus_fingerprint, demo_corpus, load_records
+from trex.trainer.data.sources import DataError, corpus_fingerprint, demo_corpus, load_records
 
 DEMO_DOCS = 1500
 
@@ -32,17 +32,25 @@ def build_data(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokeni
     else:
         fmt, records = load_records(cfg.train, cfg.format)
         corpus_id = corpus_fingerprint(cfg.train)
-        texts = [r["text"] if fmt == "text" else "\n".join(m["content"] for m in r["messages"]) for r in records]
+        texts = [r["text"] if fmt == "text" else "\n".join(
+            t for m in r["messages"] for t in (m["content"], m.get("reasoning_content")) if isinstance(t, str))
+            for r in records]
     vocab = min(cfg.tokenizer.vocab_size, max_vocab)
     from trex.trainer.data.tokenizer import load_or_train
 
-    tok = load_or_train(cfg.tokenizer.path, texts, vocab, cache_dir, corpus_id)
+    if cfg.reasoning_mode is not None and fmt != "chat":
+        raise ValueError(f"data.reasoningMode: applies to chat records; {cfg.train or 'the demo corpus'} holds text")
+    tok = load_or_train(cfg.tokenizer.path, texts, vocab, cache_dir, corpus_id, cfg.reasoning_mode is not None)
     if tok.get_vocab_size() > max_vocab:
         raise ValueError(f"data.tokenizer.path: tokenizer has {tok.get_vocab_size()} tokens but the model's "
                          f"vocabulary is {max_vocab} (raise model.overrides.vocabSize)")
-    docs: list[EncodedDoc] = [
-        encode_text(tok, r["text"]) if fmt == "text" else encode_chat(tok, r["messages"]) for r in records
-    ]
+    docs: list[EncodedDoc] = []
+    for i, r in enumerate(records):
+        try:
+            docs.append(encode_text(tok, r["text"]) if fmt == "text"
+                        else encode_chat(tok, r["messages"], cfg.reasoning_mode, cfg.think_max_prompt))
+        except ValueError as e:
+            raise DataError(f"{cfg.train}: record {i + 1}: {e}") from None
     if fmt == "text":
         return tok, PackedLoader(docs, cfg.seed), fmt
     pad = tok.token_to_id(PAD)

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from trex.prompt_contract import BOS, END, EOS, role_token
+from trex.prompt_contract import EOS
+from trex.reasoning import Piece, render
 
 IGNORE = -100
 
@@ -43,25 +44,34 @@ def encode_text(tok: Tokenizer, text: str) -> EncodedDoc:
     return EncodedDoc(np.asarray(ids, dtype=np.int64), np.ones(len(ids), dtype=np.int8))
 
 
-def encode_chat(tok: Tokenizer, messages: Sequence[dict[str, Any]]) -> EncodedDoc:
-    """The prompt contract's chat layout: <|bos|> then per message <|role|> content <|end|>, then <|eos|>.
+def encode_chat(tok: Tokenizer, messages: Sequence[dict[str, Any]], mode: str | None = None,
+                think_max_prompt: str | None = None) -> EncodedDoc:
+    """The conversation as :func:`trex.reasoning.render` lays it out (the prompt contract's chat layout; with
+    a reasoning mode, think tags, DSML tool calls and tool results), then <|eos|>.
 
-    Loss only on assistant content and the assistant's closing <|end|> (the model learns to stop).
+    Loss only on what the model produces: assistant reasoning, answers, tool calls and their closing tokens
+    (the model learns to stop); the tag that opens an assistant turn is context, as at generation.
     """
-    ids: list[int] = [_special(tok, BOS)]
-    mask: list[int] = [0]
-    end = _special(tok, END)
-    for i, m in enumerate(messages):
-        try:
-            opener = role_token(m["role"])
-        except ValueError as e:
-            raise ValueError(f"messages[{i}].{e}") from None
-        body = tok.encode(m["content"], add_special_tokens=False).ids
-        target = 1 if m["role"] == "assistant" else 0
-        ids += [_special(tok, opener), *body, end]
-        mask += [0] + [target] * len(body) + [target]
-    ids.append(_special(tok, EOS))
-    mask.append(0)
+    doc = _encode_pieces(tok, render(messages, mode, think_max_prompt=think_max_prompt))
+    return EncodedDoc(np.append(doc.ids, _special(tok, EOS)), np.append(doc.mask, np.int8(0)))
+
+
+def encode_prompt(tok: Tokenizer, messages: Sequence[dict[str, Any]], mode: str | None = None,
+                  think_max_prompt: str | None = None) -> np.ndarray:
+    """Token ids a model continues from to answer ``messages``: the same layout as :func:`encode_chat`, ending
+    with the generation prompt (``<|assistant|>``, then ``<think>`` or ``</think>`` in a reasoning mode)."""
+    return _encode_pieces(tok, render(messages, mode, think_max_prompt=think_max_prompt,
+                                      add_generation_prompt=True)).ids
+
+
+def _encode_pieces(tok: Tokenizer, pieces: Sequence[Piece]) -> EncodedDoc:
+    """Each special piece as its token, each text piece tokenized on its own; the mask marks targets."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for p in pieces:
+        body = [_special(tok, p.text)] if p.special else tok.encode(p.text, add_special_tokens=False).ids
+        ids += body
+        mask += [int(p.target)] * len(body)
     return EncodedDoc(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from trex.prompt_contract import SPECIAL_TOKENS
+from trex.prompt_contract import REASONING_TOKENS, SPECIAL_TOKENS
 
 DIGIT_GROUPS = r"\p{N}{1,3}"
 """Numbers are cut into groups of at most three digits before BPE, as DeepSeek-V3's tokenizer does (so a
@@ -18,7 +18,13 @@ PRETOKENIZER_VERSION = "digits3"
 """Part of the cache key: a tokenizer trained under another pre-tokenizer is never reused."""
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+def specials(reasoning: bool = False) -> list[str]:
+    """The special tokens a trained tokenizer gets (ids 0.., in order): the contract's, then the think tags
+    for a run with a reasoning mode (other runs keep exactly the vocabulary they had without them)."""
+    return [*SPECIAL_TOKENS, *(REASONING_TOKENS if reasoning else ())]
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, reasoning: bool = False) -> Tokenizer:
     """Train a byte-level BPE (every byte representable, specials first, digit groups isolated) on ``texts``."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -27,35 +33,36 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        vocab_size=vocab_size, special_tokens=specials(reasoning), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
 
-def check_specials(tok: Tokenizer, where: str) -> None:
-    """A tokenizer must know every special token the trainer uses."""
-    missing = [s for s in SPECIAL_TOKENS if tok.token_to_id(s) is None]
+def check_specials(tok: Tokenizer, where: str, reasoning: bool = False) -> None:
+    """A tokenizer must know every special token the trainer uses (the think tags too with a reasoning mode)."""
+    missing = [s for s in specials(reasoning) if tok.token_to_id(s) is None]
     if missing:
-        raise ValueError(f"{where}: tokenizer lacks special tokens {missing}")
+        raise ValueError(f"{where}: tokenizer lacks special tokens {missing}"
+                         + (" (data.reasoningMode needs the think tags)" if reasoning else ""))
 
 
 def load_or_train(path: str | None, texts: Iterable[str], vocab_size: int, cache_dir: Path,
-                  corpus_id: str) -> Tokenizer:
+                  corpus_id: str, reasoning: bool = False) -> Tokenizer:
     """``path`` when given, else the cached BPE for (corpus, vocab) in ``cache_dir``, training it on a miss."""
     if path is not None:
         if not Path(path).is_file():
             raise ValueError(f"data.tokenizer.path: {path} does not exist")
         tok = Tokenizer.from_file(path)
-        check_specials(tok, "data.tokenizer.path")
+        check_specials(tok, "data.tokenizer.path", reasoning)
         return tok
-    spec = f"{corpus_id}:{vocab_size}:{','.join(SPECIAL_TOKENS)}:{PRETOKENIZER_VERSION}"
+    spec = f"{corpus_id}:{vocab_size}:{','.join(specials(reasoning))}:{PRETOKENIZER_VERSION}"
     key = hashlib.sha256(spec.encode()).hexdigest()[:16]
     cached = cache_dir / f"tokenizer-{key}.json"
     if cached.is_file():
         return Tokenizer.from_file(str(cached))
-    tok = train_bpe(texts, vocab_size)
+    tok = train_bpe(texts, vocab_size, reasoning)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))

@@ -8,6 +8,7 @@ kernels. The V4 layers live in trex.trainer.model.v4attention.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,22 @@ from torch import nn
 
 from trex.trainer.model.args import ModelArgs
 from trex.trainer.model.layers import RMSNorm, apply_rope, causal_doc_mask, rope_cos_sin
+
+
+class AttentionCache(Protocol):
+    """Incremental-decoding state an attention layer hands its work to (trex.trainer.rollout.cache)."""
+
+    def attend(self, module: nn.Module, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's (output [B, T, D], auxiliary loss) for the new tokens x, updating the layer's state."""
+        ...
+
+    def positions(self, t: int) -> torch.Tensor:
+        """Positions [B, t] of the next t tokens of every row (each row continues its own length)."""
+        ...
+
+    def advance(self, t: int) -> None:
+        """Every layer has taken the t new tokens: the rows' lengths grow by t."""
+        ...
 
 
 @dataclass
@@ -29,6 +46,8 @@ class AttnContext:
     """causal_doc_mask(doc_ids) [B, 1, T, T], built once per forward and shared by every mla layer
     (None: each layer builds it from doc_ids)."""
     ropes: dict[tuple[float, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    cache: AttentionCache | None = None
+    """Decoding only: the KV cache every attention layer delegates to (None: a plain full forward)."""
 
     def rope(self, theta: float, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [B, T, dim/2] at position_ids for base `theta`, computed once per forward."""
@@ -105,6 +124,8 @@ class MLAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (output [B, T, D], auxiliary loss scalar: zero for mla)."""
+        if ctx.cache is not None:
+            return ctx.cache.attend(self, x, ctx)
         b, t, _ = x.shape
         q = self.query(x, ctx)
         c, k_rope = self.latent(x)

@@ -47,15 +47,10 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.empty((2 + n) * n))
         self.scale = nn.Parameter(torch.empty(3))
 
-    @torch.no_grad()
-    def reset_static(self) -> None:
-        """Start near a plain residual: H_pre ~ 1/n, H_post ~ 1, H_res diagonal-heavy."""
+    def static_base(self) -> torch.Tensor:
+        """The initial bias (host): near a plain residual, H_pre ~ 1/n, H_post ~ 1, H_res diagonal-heavy."""
         n = self.n
-        self.scale.fill_(0.01)
-        b_pre, b_post, b_res = torch.split(self.base, [n, n, n * n])
-        b_pre.fill_(-_log_n_minus_1(n))
-        b_post.zero_()
-        b_res.copy_((torch.eye(n, device=self.base.device) * 2.0).flatten())
+        return torch.cat([torch.full((n,), -_log_n_minus_1(n)), torch.zeros(n), (torch.eye(n) * 2.0).flatten()])
 
     def mappings(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, n, D] -> (H_pre [B, T, n], H_post [B, T, n], H_res [B, T, n, n]) in >= fp32."""
@@ -92,11 +87,9 @@ class HyperHead(nn.Module):
         self.scale = nn.Parameter(torch.empty(1))
         self.n = n
 
-    @torch.no_grad()
-    def reset_static(self) -> None:
-        """Start as the mean of the streams."""
-        self.scale.fill_(0.01)
-        self.base.fill_(-_log_n_minus_1(self.n))
+    def static_base(self) -> torch.Tensor:
+        """The initial bias (host): start as the mean of the streams."""
+        return torch.full((self.n,), -_log_n_minus_1(self.n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _, _ = x.shape

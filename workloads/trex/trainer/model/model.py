@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.attention import AttnContext, build_attention
+from trex.trainer.model.attention import AttentionCache, AttnContext, build_attention
 from trex.trainer.model.hc import HyperConnection, HyperHead
+from trex.trainer.model.init import Init, constant, explicit, fill, normal
 from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin, upcast
 from trex.trainer.model.moe import Gate, GroupedExperts, MoE
 from trex.trainer.model.v4attention import Pool, V4Attention
@@ -171,47 +172,67 @@ class DeepSeekModel(nn.Module):
         self.mtp = nn.ModuleList(MTPModule(args, seed, args.num_layers + k) for k in range(args.mtp_depth))
 
     # --- initialisation ------------------------------------------------------------------
+    def init_spec(self) -> dict[str, Init]:
+        """How every parameter and buffer starts: Normal(0, init_std) GEMM/embedding weights, unit norms,
+        mHC near a plain residual, zero sinks, biases and position biases, the hash routers' fixed tables.
+        Values depend on (seed, name, index) only (trex.trainer.model.init), never on a layout."""
+        std = normal(self.args.init_std)
+        spec: dict[str, Init] = {}
+        for mod_name, mod in self.named_modules():
+            here: dict[str, Init] = {}
+            if isinstance(mod, nn.Linear | nn.Embedding | Gate):
+                here["weight"] = std
+            if isinstance(mod, GroupedExperts):
+                here.update(gate_proj=std, up_proj=std, down_proj=std)
+            if isinstance(mod, Gate):
+                here["e_score_correction_bias"] = constant(0.0)
+                if mod.hash_routed:
+                    here["tid2eid"] = explicit(mod.hash_table)
+            if isinstance(mod, RMSNorm):
+                here["weight"] = constant(1.0)
+            if isinstance(mod, HyperConnection | HyperHead):
+                here.update(fn=std, scale=constant(0.01), base=explicit(mod.static_base))
+            if isinstance(mod, V4Attention):
+                here["sinks"] = constant(0.0)
+            if isinstance(mod, Pool):
+                here["position_bias"] = constant(0.0)
+            spec.update({f"{mod_name}.{k}" if mod_name else k: v for k, v in here.items()})
+        tensors = [n for n, _ in self.named_parameters()] + [n for n, _ in self.named_buffers()]
+        missing = sorted(set(tensors) - set(spec))
+        if missing:
+            raise ValueError(f"no initial value for {missing[:5]}")
+        return {n: spec[n] for n in tensors}
+
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
-        """Normal(0, init_std) GEMM/embedding weights, unit norms, mHC near a plain residual. No-op data on meta."""
-        dev = self.embed_tokens.weight.device
-        gen = None if dev.type == "meta" else torch.Generator(device=dev).manual_seed(seed)
-        std = self.args.init_std
-        for mod in self.modules():
-            if isinstance(mod, nn.Linear | nn.Embedding):
-                mod.weight.normal_(0.0, std, generator=gen)
-            elif isinstance(mod, GroupedExperts):
-                for p in (mod.gate_proj, mod.up_proj, mod.down_proj):
-                    p.normal_(0.0, std, generator=gen)
-            elif isinstance(mod, Gate):
-                mod.weight.normal_(0.0, std, generator=gen)
-                mod.e_score_correction_bias.zero_()
-            elif isinstance(mod, RMSNorm):
-                mod.weight.fill_(1.0)
-            elif isinstance(mod, HyperConnection | HyperHead):
-                mod.fn.normal_(0.0, std, generator=gen)
-                mod.reset_static()
-            elif isinstance(mod, V4Attention):
-                mod.sinks.zero_()
-            elif isinstance(mod, Pool):
-                mod.position_bias.zero_()
+        """Write init_spec's values for ``seed`` into every (plain, materialised) tensor; no-op on meta."""
+        if self.embed_tokens.weight.device.type == "meta":
+            return
+        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
+        for name, init in self.init_spec().items():
+            fill(tensors[name], init, name, seed)
 
     # --- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None, logits: bool = True) -> ModelOutput:
+                doc_ids: torch.Tensor | None = None, logits: bool = True,
+                cache: AttentionCache | None = None) -> ModelOutput:
         """input_ids [B, T] -> ModelOutput. doc_ids [B, T] isolates packed documents; position_ids
         default to positions restarting per document (plain 0..T-1 without doc_ids). ``logits=False``
         skips the output head and returns the normed hidden states instead, so the loss can fuse the
-        head with the cross-entropy and never hold [B, T, V] logits."""
+        head with the cross-entropy and never hold [B, T, V] logits. ``cache`` (decoding): the tokens
+        continue each row of the cache, every attention layer reads and extends it, and the MTP
+        modules are skipped (they do not change the trunk's logits)."""
         b, t = input_ids.shape
-        if position_ids is None:
+        if cache is not None:
+            position_ids = cache.positions(t)
+        elif position_ids is None:
             position_ids = (positions_from_docs(doc_ids) if doc_ids is not None
                             else torch.arange(t, device=input_ids.device).expand(b, t))
         rope_dtype = torch.float64 if self.embed_tokens.weight.dtype == torch.float64 else torch.float32
         cos, sin = rope_cos_sin(position_ids, self.args.qk_rope_head_dim, self.args.rope_theta, dtype=rope_dtype)
         mask = (causal_doc_mask(doc_ids, b, t, input_ids.device)
                 if doc_ids is not None and self.args.attention == "mla" else None)
-        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask)
+        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask, cache=cache)
         ctx.ropes[(self.args.rope_theta, self.args.qk_rope_head_dim)] = (cos, sin)
         acc = _Acc()
         n = self.args.hc_mult
@@ -221,7 +242,9 @@ class DeepSeekModel(nn.Module):
         h = self.hc_head(x) if self.hc_head is not None else x
         hidden = self.norm(h)
         mtp_hidden = []
-        for k, mod in enumerate(self.mtp):
+        if cache is not None:
+            cache.advance(t)
+        for k, mod in enumerate(self.mtp if cache is None else []):
             assert isinstance(mod, MTPModule)
             shifted = torch.zeros_like(input_ids)
             shifted[:, : t - k - 1] = input_ids[:, k + 1:]
@@ -319,8 +342,8 @@ def build_model_from_args(args: ModelArgs, device: torch.device | str | None = N
     dev = torch.device(device) if device is not None else torch.device("cpu")
     with dev:
         model = DeepSeekModel(args, seed=seed)
-    model.init_weights(seed)
     model.to(dtype)
     for _, gate in model.moe_gates():
         gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
+    model.init_weights(seed)  # after the cast: values are drawn in the tensors' own dtypes (as on meta)
     return model

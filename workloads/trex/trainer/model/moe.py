@@ -75,13 +75,19 @@ class Gate(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.n_experts, args.hidden_size))
         self.register_buffer("e_score_correction_bias", torch.zeros(self.n_experts, dtype=torch.float32))
         self.anticipatory_weight: torch.Tensor | None = None
+        self.vocab_size = args.vocab_size
+        self.hash_seed = seed * 1_000_003 + layer
         if hash_routed:
             dev = self.weight.device
             if dev.type == "meta":
                 table = torch.empty(args.vocab_size, self.k, dtype=torch.long, device=dev)
             else:
-                table = hash_table(args.vocab_size, self.n_experts, self.k, seed * 1_000_003 + layer).to(dev)
+                table = self.hash_table().to(dev)
             self.register_buffer("tid2eid", table)
+
+    def hash_table(self) -> torch.Tensor:
+        """This router's fixed token-id -> experts table (on the host)."""
+        return hash_table(self.vocab_size, self.n_experts, self.k, self.hash_seed)
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, D], token_ids [N] -> (weights [N, k], indices [N, k], scores [N, E])."""

@@ -145,8 +145,11 @@ class Indexer(Pool):
     def scores(self, x: torch.Tensor, q_res: torch.Tensor, ctx: AttnContext, win: Windows,
                doc: torch.Tensor) -> torch.Tensor:
         """Index scores [B, T, S] (>= fp32)."""
+        return self.score_keys(x, q_res, ctx, self.pool(x, ctx, win, doc))
+
+    def score_keys(self, x: torch.Tensor, q_res: torch.Tensor, ctx: AttnContext, keys: torch.Tensor) -> torch.Tensor:
+        """Index scores [B, T, S] (>= fp32) of the queries at x against compressed keys [B, S, dim]."""
         b, t, _ = x.shape
-        keys = self.pool(x, ctx, win, doc)
         cos, sin = ctx.rope(self.theta, self.rope_dim)
         q = apply_rope_tail(self.q_b_proj(q_res).view(b, t, -1, self.dim), cos, sin)
         if self.qat:
@@ -178,6 +181,16 @@ def sink_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks:
     full = torch.cat([logits, sink], dim=-1)
     probs = torch.softmax(full - full.amax(-1, keepdim=True).detach(), dim=-1)[..., :-1]
     return torch.einsum("bhts,bsd->bthd", probs.to(kv.dtype), kv)
+
+
+def top_k_visible(masked_scores: torch.Tensor, visible: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The top_k visible entries [B, T, S] by score (invisible ones scored -1e30 in masked_scores)."""
+    s = masked_scores.shape[-1]
+    k = min(top_k, s)
+    # stable sort on the reversed entries: exact ties go to the latest window, independent of how
+    # many entries the row holds (packed and separate documents agree)
+    order = masked_scores.flip(-1).sort(dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.zeros_like(visible).scatter(2, s - 1 - order, True) & visible
 
 
 class V4Attention(nn.Module):
@@ -220,12 +233,10 @@ class V4Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (output [B, T, D], indexer KL loss scalar: zero outside csa)."""
+        if ctx.cache is not None:
+            return ctx.cache.attend(self, x, ctx)
         b, t, _ = x.shape
-        cos, sin = ctx.rope(self.theta, self.rope_dim)
-        q_res = self.q_a_norm(self.q_a_proj(x))
-        q = unit_rms(self.q_b_proj(q_res).view(b, t, -1, self.head_dim), self.eps)
-        q = apply_rope_tail(q, cos, sin)
-        kv = apply_rope_tail(self.kv_norm(self.kv_proj(x)), cos, sin)
+        q_res, q, kv = self.project(x, ctx)
         mask = causal_doc_mask(ctx.doc_ids, b, t, x.device, window=self.window)
         aux = x.new_zeros((), dtype=torch.float32)
         if self.compressor is not None:
@@ -237,8 +248,23 @@ class V4Attention(nn.Module):
                 visible, aux = self.select(x, q_res, q, entries, visible, ctx, win, doc)
             kv = torch.cat([kv, entries], dim=1)
             mask = torch.cat([mask, visible[:, None]], dim=-1)
+        return self.attend(q, kv, mask, ctx), aux
+
+    def project(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(query latent [B, T, q_lora_rank], rotated unit-RMS queries [B, T, H, D], rotated shared
+        key/value [B, T, D]) of the tokens x."""
+        b, t, _ = x.shape
+        cos, sin = ctx.rope(self.theta, self.rope_dim)
+        q_res = self.q_a_norm(self.q_a_proj(x))
+        q = unit_rms(self.q_b_proj(q_res).view(b, t, -1, self.head_dim), self.eps)
+        return q_res, apply_rope_tail(q, cos, sin), apply_rope_tail(self.kv_norm(self.kv_proj(x)), cos, sin)
+
+    def attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """Sink attention of q over the keys kv [B, S, D] under mask [B, 1, T, S], un-rotated and
+        projected out: [B, T, hidden]."""
+        cos, sin = ctx.rope(self.theta, self.rope_dim)
         o = sink_attention(q, kv, mask, local_tensor(self.sinks), self.head_dim**-0.5)
-        return self.grouped_out(apply_rope_tail(o, cos, -sin)), aux
+        return self.grouped_out(apply_rope_tail(o, cos, -sin))
 
     def select(self, x: torch.Tensor, q_res: torch.Tensor, q: torch.Tensor, entries: torch.Tensor,
                visible: torch.Tensor, ctx: AttnContext, win: Windows,
@@ -248,13 +274,7 @@ class V4Attention(nn.Module):
         indexer = self.compressor.indexer
         scores = indexer.scores(x.detach(), q_res.detach(), ctx, win, doc)
         masked = scores.masked_fill(~visible, -1e30)
-        s = masked.shape[-1]
-        k = min(indexer.top_k, s)
-        # stable sort on the reversed entries: exact ties go to the latest window, independent of how
-        # many entries the row holds (packed and separate documents agree)
-        order = masked.flip(-1).sort(dim=-1, descending=True, stable=True).indices[..., :k]
-        chosen = torch.zeros_like(visible).scatter(2, s - 1 - order, True) & visible
-        return chosen, self.indexer_loss(q, entries, masked, visible)
+        return top_k_visible(masked, visible, indexer.top_k), self.indexer_loss(q, entries, masked, visible)
 
     def indexer_loss(self, q: torch.Tensor, entries: torch.Tensor, masked_scores: torch.Tensor,
                      visible: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Reinforcement learning pieces: GRPO's objective (grpo) and verifier rewards (reward)."""
