@@ -172,7 +172,7 @@ def test_validate_cli_valid_and_invalid() -> None:
         "09-npu-devices-per-replica.yaml": ("spec.devicesPerReplica", "allowed: 1, 2, 4, 8, 16"),
         "10-backend-device-mismatch.yaml": ("spec.deviceType", "needs deviceType 'gpu'"),
         "13-pipeline-parallel.yaml": ("spec.trainer.parallelism.pp", "pipeline parallelism is not run"),
-        "14-swap-optimizer.yaml": ("spec.trainer.optimizer.swap.enabled", "this job needs it to fit"),
+        "14-swap-optimizer.yaml": ("spec.trainer.parallelism", "even with the optimizer states in host memory"),
         "15-opd-mode.yaml": ("spec.trainer.mode", "'opd' (on-policy distillation) is not run"),
         "16-out-of-memory.yaml": ("spec.trainer.parallelism", "per device; Ascend 910B has 64 GiB: raise ep"),
     }

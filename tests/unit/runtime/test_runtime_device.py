@@ -133,7 +133,7 @@ def test_thread_engine_copies_off_the_calling_thread() -> None:
         seen.append(threading.current_thread().name)
         gate.wait(5)
 
-    engine._pool.submit(blocker)
+    engine._pools[0].submit(blocker)
     h = engine.copy(dst, src)
     assert not h.done() and dst.sum() == 0  # still queued behind the blocked worker
     gate.set()
@@ -183,3 +183,20 @@ def test_npu_determinism_after_the_process_group_needs_the_variable(monkeypatch:
         set_deterministic(True, "npu")
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_latency_engine_orders_copies_only_by_their_dependencies() -> None:
+    """Two lanes with random delays: a copy with ``after`` starts only once its dependencies have landed
+    (a grouped handle counts each of its copies), and the simulated bandwidth sets each copy's duration."""
+    from trex.runtime.copy_engine import LatencyCopyEngine
+
+    engine = LatencyCopyEngine(0.01, jitter=1e-3, seed=1)  # 10 MB/s: 40 KB take 4 ms
+    a, b, c = torch.zeros(10_000), torch.zeros(10_000), torch.zeros(10_000)
+    first = engine.copy_many([(a, torch.ones(10_000)), (b, torch.full((10_000,), 2.0))], to_host=True)
+    second = engine.copy(c, a, after=[first])  # reads a only after the grouped copy wrote it
+    second.wait()
+    assert torch.equal(c, torch.ones(10_000)) and len(first.leaves()) == 2
+    assert second.seconds() >= 0.004 and first.seconds() >= 0.008
+    with pytest.raises(ValueError, match="gbps"):
+        LatencyCopyEngine(0)
+    engine.close()

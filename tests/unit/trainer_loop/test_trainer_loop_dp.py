@@ -84,7 +84,6 @@ def test_init_from_hf_weights(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("over", "field"), [
     ({"parallelism": {"tp": 2}}, "parallelism.tp"),
-    ({"optimizer": {"swap": {"enabled": True}}}, "optimizer.swap.enabled"),
     ({"checkpoint": {"initFromHf": "no-such-dir"}}, "checkpoint.initFromHf"),
     ({"checkpoint": {"dir": "unused", "exportHfEvery": True},
       "model": {"preset": "tiny", "overrides": {"attention": "csa", "qLoraRank": 16, "vHeadDim": 24}}},

@@ -110,11 +110,13 @@ def test_plan_equals_measured_state_bytes_of_a_real_run(tmp_path: Path, override
     assert got["params"] > 0 and got["muon_state"] > 0 and got["adamw_state"] > 0
 
 
-def _saved_bytes(cfg: TrainerConfig, seq: int, batch: int) -> int:
+def _saved_bytes(cfg: TrainerConfig, seq: int, batch: int, recompute: str = "none") -> int:
     """Bytes of the distinct storages autograd saves for one forward + loss (parameters excluded)."""
     from trex.trainer.model import build_model, compute_loss
+    from trex.trainer.parallel.recompute import apply_recompute
 
     model = build_model(cfg.model)
+    apply_recompute(model, recompute)
     ids = torch.randint(0, 512, (batch, seq), generator=torch.Generator().manual_seed(0))
     sizes: dict[int, int] = {}
 
@@ -137,3 +139,14 @@ def test_activation_estimate_tracks_what_autograd_saves(overrides: dict[str, Any
     est = activation_bytes(resolved_model_values(cfg.model), Layout(1, 1, 1, 1, 1, 1), 2, 256, 4,
                            attention_probs=True)
     assert 0.75 <= est / measured <= 1.33, (est, measured)
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recompute_estimate_bounds_what_autograd_keeps(recompute: str) -> None:
+    """With recompute the plan adds one layer's (block's) recompute to what the forward keeps, so it is an
+    upper bound on the storages saved at the end of the forward, and below the plan without recompute."""
+    cfg = _cfg(overrides={"attention": "csa", "hcMult": 4, "hiddenSize": 128, "qLoraRank": 16, "vHeadDim": 24})
+    measured = _saved_bytes(cfg, seq=256, batch=2, recompute=recompute)
+    values, lay = resolved_model_values(cfg.model), Layout(1, 1, 1, 1, 1, 1)
+    est = activation_bytes(values, lay, 2, 256, 4, attention_probs=True, recompute=recompute)
+    assert measured <= est < activation_bytes(values, lay, 2, 256, 4, attention_probs=True), (est, measured)

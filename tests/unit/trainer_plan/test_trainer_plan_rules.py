@@ -46,20 +46,33 @@ def test_memory_rule_names_the_numbers_the_device_and_what_to_change() -> None:
     assert not plan.fits and with_swap(plan, True).fits
     [line] = _problems(_flash())
     assert line.startswith("spec.trainer.parallelism: needs 66.3 GiB per device; Ascend 910B has 64 GiB: ")
-    assert "optimizer.swap would bring it to 58.3 GiB" in line
+    assert "or enable optimizer.swap (brings it to 58.3 GiB)" in line
     # the same job on 141 GB H200s fits
     assert _problems({**_flash(), "deviceType": "gpu", "deviceModel": "h200"}) == []
 
 
-def test_swap_is_rejected_saying_whether_the_job_needs_it() -> None:
-    [needs] = _problems(_flash(optimizer={"swap": {"enabled": True}}))
-    assert needs.startswith("spec.trainer.optimizer.swap.enabled: the swap optimizer is not run")
-    assert "needs it to fit: 66.3 GiB per device with the optimizer states on the device, 58.3 GiB" in needs
+def test_swap_makes_the_job_fit_and_is_accepted() -> None:
+    assert _problems(_flash(optimizer={"swap": {"enabled": True}})) == []
     small = {"deviceType": "npu", "trainer": {"optimizer": {"swap": {"enabled": True}}}}
-    [fits] = _problems(small)
-    assert "fits without it" in fits and "set false" in fits
-    assert job_problems(load_section(TrainerConfig, small["trainer"]), 1) == [
-        ("optimizer.swap.enabled", "the swap optimizer is not run by `trex train` yet; set false")]
+    assert _problems(small) == []
+    assert job_problems(load_section(TrainerConfig, small["trainer"]), 1) == []
+    # too long even with the states in host memory: the message names swap and what else to change
+    [over] = _problems(_flash(optimizer={"swap": {"enabled": True}},
+                              data={"seqLen": 2048, "microBatchSize": 1, "globalBatchSize": 128}))
+    assert over.startswith("spec.trainer.parallelism: needs ") and "even with the optimizer states in host" in over
+    assert "set trainer.recompute" in over
+
+
+def test_recompute_shrinks_the_planned_activations_and_swap_the_states() -> None:
+    def plan(**over: Any) -> Any:
+        return plan_memory(load_section(TrainerConfig, _flash(**over)["trainer"]), 128, DEVICES["910b"])
+
+    none, sel, full = plan(), plan(recompute="selective"), plan(recompute="full")
+    assert full.activations < sel.activations < none.activations
+    assert (none.params, none.grads, none.muon_state) == (full.params, full.grads, full.muon_state)
+    swapped = plan(optimizer={"swap": {"enabled": True, "buffers": 3, "bucketMb": 64}})
+    assert swapped.persistent == none.persistent - none.muon_state - none.adamw_state + swapped.swap_buffers
+    assert swapped.swap_buffers >= 3 * 64 * 2**20
 
 
 def test_pp_and_opd_are_rejected_before_any_pod() -> None:

@@ -92,6 +92,15 @@ def panels() -> list[Panel]:
         Panel("Checkpoint age", "Seconds since the last verified checkpoint.",
               (Target(f"time() - max {by_job} ({m('trex_train_last_checkpoint_timestamp_seconds')}{{{SEL}}})",
                       "{{job_name}}"),), unit="s"),
+        Panel("Swap optimizer: exposed copy time and overlap", "Optimizer-state copy time per step not hidden "
+              "behind the bucket updates (slowest rank), and hidden / total copy time (worst rank, right axis).",
+              (Target(f"max {by_job} ({m('trex_train_swap_exposed_seconds')}{{{SEL}}})", "exposed {{job_name}}"),
+               Target(f"min {by_job} ({m('trex_train_swap_overlap_ratio')}{{{SEL}}})", "overlap {{job_name}}")),
+              unit="s", right_axis={"B": "percentunit"}),
+        Panel("Swap optimizer: device bytes saved", "Optimizer-state bytes in host memory minus the device bucket "
+              "buffers (smallest rank).",
+              (Target(f"min {by_job} ({m('trex_train_swap_device_bytes_saved')}{{{SEL}}})", "{{job_name}}"),),
+              unit="bytes"),
         Panel("Restarts by cause", "Gang restarts in the selected range, by job kind and cause (operator).",
               (Target(f"sum by (kind, cause) (increase({m('trex_operator_restarts_total')}[$__range]))",
                       "{{kind}} {{cause}}", instant=True),), kind="bargauge"),

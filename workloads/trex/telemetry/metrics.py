@@ -48,6 +48,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("trex_train_anticipatory_routing", "gauge", "1 while anticipatory routing is on.", _JOB),
     MetricSpec("trex_train_last_checkpoint_step", "gauge", "Step of the last verified checkpoint.", _JOB),
     MetricSpec("trex_train_last_checkpoint_timestamp_seconds", "gauge", "Unix time of the last verified checkpoint.", _JOB),
+    MetricSpec("trex_train_swap_exposed_seconds", "gauge",
+               "Swap optimizer: copy time of the last step not hidden behind the bucket updates.", _JOB),
+    MetricSpec("trex_train_swap_overlap_ratio", "gauge",
+               "Swap optimizer: hidden copy time / total copy time of the last step.", _JOB),
+    MetricSpec("trex_train_swap_device_bytes_saved", "gauge",
+               "Swap optimizer: optimizer-state bytes in host memory minus the device bucket buffers.", _JOB),
     # --- kernels -------------------------------------------------------------------------
     MetricSpec("trex_kernel_speedup", "gauge", "Verified speedup of the best variant over the baseline.",
                ("kernel", "shape", "dtype", "device", "baseline")),

@@ -20,6 +20,7 @@ from trex.trainer.checkpoint import CheckpointManager, config_hash
 from trex.trainer.config import TrainerConfig
 from trex.trainer.model.model import DeepSeekModel
 from trex.trainer.optim.build import Optimizers, build_optimizers, resolve_ns_dtype
+from trex.trainer.optim.swap import with_swap
 from trex.trainer.parallel.mesh import Meshes, ParallelDims
 
 
@@ -65,14 +66,17 @@ def ns_dtype(cfg: TrainerConfig, device_kind: str) -> torch.dtype:
 
 
 def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: Layout) -> Built:
-    """A freshly initialised model (seeded by cfg.seed) distributed by ``layout``, and Muon + AdamW for it."""
+    """A freshly initialised model (seeded by cfg.seed) distributed by ``layout`` with trainer.recompute applied,
+    and Muon + AdamW for it (inside the swap optimizer when optimizer.swap is on)."""
     from trex.trainer.model import build_model
+    from trex.trainer.parallel.recompute import apply_recompute
 
     dtype = torch_dtype(cfg.model.dtype)
     if layout.meshes is None:
         model = build_model(cfg.model, device=device.torch_device(), dtype=dtype, seed=cfg.seed)
+        apply_recompute(model, cfg.recompute)
         opts = build_optimizers(model, dict(model.param_roles()), cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
-        return Built(model, opts, None)
+        return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind), None)
     from trex.trainer.parallel.init import materialize
     from trex.trainer.parallel.muon import ShardedOrthogonalize
     from trex.trainer.parallel.parallelize import parallelize
@@ -82,12 +86,12 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
     model = build_model(cfg.model, device="meta", dtype=master, seed=cfg.seed)
     roles: dict[str, str] = dict(model.param_roles())
     parallel = parallelize(model, layout.dims, layout.meshes, param_dtype=dtype,
-                           reshard_after_forward=cfg.parallelism.reshard_after_forward)
+                           reshard_after_forward=cfg.parallelism.reshard_after_forward, recompute=cfg.recompute)
     materialize(model, device.torch_device(), cfg.seed)
     opts = build_optimizers(model, roles, cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
     if opts.muon is not None:
         opts.muon.orthogonalize = ShardedOrthogonalize(cfg.optimizer.muon.distributed, layout.muon_group)
-    return Built(model, opts, parallel)
+    return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind), parallel)
 
 
 def build_checkpointer(cfg: TrainerConfig, directory: Path, group: Any,

@@ -126,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.telemetry is not None:
         summary.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
                        flopsConvention=trainer.telemetry.convention)
+    swapped = [r.swap for r in result.history if r.swap is not None]
+    if swapped:
+        from trex.trainer.optim.swap import summary as swap_summary
+
+        summary["swap"] = swap_summary(swapped)
     if not result.interrupted and cfg.checkpoint.export_hf:
         exported = _export(trainer)
         if trainer.rank == 0:
@@ -135,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     loss_s = f"{result.loss:.4f}" if result.loss is not None else "n/a"
     mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"
     print(f"trex train: {summary['result'].lower()} at step {result.final_step}/{cfg.max_steps}, loss {loss_s}, "
-          f"MFU {mfu_s}, last checkpoint {result.last_checkpoint}", file=sys.stderr)
+          f"MFU {mfu_s}, last checkpoint {result.last_checkpoint}"
+          + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else ""), file=sys.stderr)
     return EXIT_TERMINATED if result.interrupted else EXIT_OK
 
 

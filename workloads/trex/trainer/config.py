@@ -415,6 +415,9 @@ class TrainerConfig(TrexModel):
     """Device: auto picks npu > cuda > cpu."""
     deterministic: bool = False
     """Deterministic kernels (slower; bit-identical resume on CPU)."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recompute (torch.utils.checkpoint): selective recomputes the attention and the routed
+    experts (with their token dispatch) in the backward, full every transformer block."""
     teacher_url: str | None = None
     """opd: OpenAI-compatible endpoint of the teacher model."""
 
@@ -517,39 +520,28 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
                  capacity: int | None = None) -> list[tuple[str, str]]:
     """The one validity rule `trex validate`, the operator and `trex train` share: the parallel degrees
     fit the world and the model (parallelism_problems), every field is one the trainer runs
-    (support_problems, optimizer.swap), and the memory plan fits ``device`` (``capacity`` bytes per
-    process, default the device's memory; no device or an unknown capacity: not checked).
-    Returns (field path, message) pairs; empty means valid."""
+    (support_problems), and the memory plan fits ``device`` (``capacity`` bytes per process, default the
+    device's memory; no device or an unknown capacity: not checked), with the optimizer states in host
+    memory when optimizer.swap is on. Returns (field path, message) pairs; empty means valid."""
     out = parallelism_problems(cfg, world_size) + support_problems(cfg)
-    swap = ("optimizer.swap.enabled", "the swap optimizer is not run by `trex train` yet; set false")
-    if out or device is None:
-        return out + ([swap] if cfg.optimizer.swap.enabled else [])
-    if capacity is None and device.memory_bytes is None:
-        return [swap] if cfg.optimizer.swap.enabled else []
+    if out or device is None or (capacity is None and device.memory_bytes is None):
+        return out
     from trex.trainer.plan import gib, plan_memory, with_swap
 
     try:
         plan = plan_memory(cfg, world_size, device, capacity)
     except ValueError as e:
         return [("model.overrides", str(e))]
-    on, off = with_swap(plan, False), with_swap(plan, True)
+    if plan.fits:
+        return out
     has = f"{device.name} has {gib(plan.capacity or 0)}"
     if cfg.optimizer.swap.enabled:
-        if on.fits:
-            why = f"this job fits without it ({gib(on.total)} per device; {has}); set false"
-        elif off.fits:
-            why = (f"this job needs it to fit: {gib(on.total)} per device with the optimizer states on the device, "
-                   f"{gib(off.total)} with them in host memory; {has}")
-        else:
-            why = "set false"
-        out.append((swap[0], f"the swap optimizer is not run by `trex train` yet; {why}"))
-        if not off.fits:
-            out.append(("parallelism", f"needs {gib(off.total)} per device even with the optimizer states in host "
-                        f"memory; {has}: {_memory_advice(off)}"))
-    elif not on.fits:
-        hint = (f"; optimizer.swap would bring it to {gib(off.total)}, but the swap optimizer is not run yet"
-                if off.fits else "")
-        out.append(("parallelism", f"needs {gib(on.total)} per device; {has}: {_memory_advice(on)}{hint}"))
+        out.append(("parallelism", f"needs {gib(plan.total)} per device even with the optimizer states in host "
+                    f"memory (optimizer.swap); {has}: {_memory_advice(plan)}"))
+        return out
+    off = with_swap(plan, True)
+    hint = f", or enable optimizer.swap (brings it to {gib(off.total)})" if off.fits else ""
+    out.append(("parallelism", f"needs {gib(plan.total)} per device; {has}: {_memory_advice(plan)}{hint}"))
     return out
 
 
@@ -557,6 +549,7 @@ def _memory_advice(plan: MemoryPlan) -> str:
     """What to change, led by the part that dominates the plan."""
     states = plan.persistent
     if plan.activations > states:
-        return ("shorten data.seqLen (and its curriculum) or data.microBatchSize, or raise tp "
-                "(activations take the most)")
+        more = "" if plan.recompute == "full" else ", or set trainer.recompute (selective or full)"
+        return ("shorten data.seqLen (and its curriculum) or data.microBatchSize, or raise tp"
+                f"{more} (activations take the most)")
     return "raise ep or add replicas (parameters, gradients and optimizer states take the most)"

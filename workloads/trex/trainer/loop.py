@@ -37,6 +37,7 @@ from trex.trainer.data.build import build_data
 from trex.trainer.data.sources import DataError
 from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, schedule_factor
 from trex.trainer.optim.schedule import global_batch_at, micro_steps, seq_len_at
+from trex.trainer.optim.swap import SwapOptimizers, SwapStats
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
 
 
@@ -88,8 +89,6 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
     p = cfg.parallelism
     if p.dp is not None and p.dp != dp:
         out.append(("parallelism.dp", f"{p.dp} does not match the {dp} data-parallel rank(s) of this run"))
-    if cfg.optimizer.swap.enabled:
-        out.append(("optimizer.swap.enabled", "the swap optimizer is not run by `trex train` yet; set false"))
     return out
 
 
@@ -114,6 +113,8 @@ class StepRecord:
     """Data, forward and backward of all micro-batches."""
     optimizer_seconds: float = 0.0
     """Gradient sync, clipping, optimizer step and expert-bias update."""
+    swap: SwapStats | None = None
+    """The swap optimizer's transfers in this step (None: swap off or the step was skipped)."""
 
 
 @dataclass
@@ -171,13 +172,19 @@ class Telemetry:
             e.metric("trex_train_spikes_total", job_name=job).inc()
         if last_ckpt is not None:
             e.metric("trex_train_last_checkpoint_step", job_name=job).set(last_ckpt)
+        swap = {}
+        if rec.swap is not None:
+            swap = {"swap_exposed_seconds": rec.swap.exposed_seconds, "swap_overlap_ratio": rec.swap.overlap_ratio,
+                    "swap_device_bytes_saved": rec.swap.bytes_saved}
+            for name, value in swap.items():
+                e.metric(f"trex_train_{name}", job_name=job).set(value)
         self.jsonl.write({
             "step": rec.step, "loss": rec.loss, **{f"loss_{k}": v for k, v in rec.parts.items()},
             "grad_norm": rec.grad_norm, **{f"lr_{k}": v for k, v in rec.lr.items()}, "tokens": rec.tokens,
             "step_seconds": rec.seconds, "compute_seconds": rec.compute_seconds,
             "optimizer_seconds": rec.optimizer_seconds, "tokens_per_second": rec.tokens / max(rec.seconds, 1e-9), "mfu": mfu,
             "skipped": rec.skipped, "spike": rec.spike, "anticipatory": rec.anticipatory,
-            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch,
+            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch, **swap,
         })
 
 
@@ -349,6 +356,8 @@ class Trainer:
             return False
         # Optimizer states come from the checkpoint; hyper-parameters from the current config.
         apply_hparams(self.opts, self.cfg.optimizer, ns_dtype(self.cfg, self.device.kind))
+        if isinstance(self.opts, SwapOptimizers):
+            self.opts.offload()  # the loaded states go to host memory now, not at the first step
         x = loaded.extra
         self.step = int(x["step"])
         self.loader.load_state_dict(x["data"])
@@ -445,7 +454,8 @@ class Trainer:
                           tokens=tokens, seconds=t_end - t0, skipped=skipped, spike=spike,
                           anticipatory=anticipatory, load_cv=load_cv(counts) if counts is not None else 0.0,
                           seq_len=seq_len, global_batch=gbatch, compute_seconds=t_compute - t0,
-                          optimizer_seconds=t_end - t_compute)
+                          optimizer_seconds=t_end - t_compute,
+                          swap=self.opts.last if isinstance(self.opts, SwapOptimizers) and not skipped else None)
 
     def _autocast(self, dev: torch.device) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast around forward and loss when model.autocast asks for it, else nothing."""

@@ -20,8 +20,11 @@ bf16), gradients and optimizer states fp32, and FSDP gathers blocks in model.dty
 
 Parameters, gradients and optimizer states are exact up to FSDP padding (checked against
 :func:`measured_state_bytes` of real runs); activations, communication buffers and optimizer transients
-are estimates of this trainer's saved tensors and buffers (no activation recompute: the trainer keeps
-every block's activations for the backward).
+are estimates of this trainer's saved tensors and buffers, with trainer.recompute: none keeps every
+block's activations for the backward, selective recomputes the attention and the routed experts (keeping
+their inputs, plus one layer's recompute at a time), full keeps only each block's input (plus one block).
+With optimizer.swap the optimizer states are in host memory and the device holds ``buffers`` bucket
+buffers of the largest bucket (bucketMb, or the largest single parameter's states when that is larger).
 """
 
 from __future__ import annotations
@@ -209,7 +212,9 @@ class MemoryPlan:
     buffers: int
     """Module buffers (router biases, hash-routing tables), whole on every rank."""
     activations: int
-    """Tensors one micro-batch saves for the backward, every layer (the trainer does not recompute)."""
+    """Tensors one micro-batch saves for the backward, every layer, under ``recompute``."""
+    recompute: str
+    """trainer.recompute the activations are planned with."""
     fsdp_gather: int
     """Transient: FSDP-gathered blocks in model.dtype (two with prefetch; every block with
     reshardAfterForward false) plus the root."""
@@ -220,7 +225,7 @@ class MemoryPlan:
     swap: bool
     """Optimizer states in host memory (optimizer.swap): states are not on the device, its buffers are."""
     swap_buffers: int
-    """Device buffers of the swap optimizer (buffers x bucketMb)."""
+    """Device buffers of the swap optimizer (buffers x the largest bucket)."""
     device: DeviceSku
     """The device planned against."""
     capacity: int | None
@@ -257,13 +262,15 @@ def gib(n: float) -> str:
 
 
 def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: int, act: int,
-                     attention_probs: bool = False) -> int:
+                     attention_probs: bool = False, recompute: str = "none") -> int:
     """Saved-for-backward bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (per rank), every
     block, at ``act`` bytes per element: residual/mHC streams, norms, attention projections (heads / tp),
     the attention mask, the CSA compressed keys and lightning-indexer scores, router scores (fp32), routed
     experts (top-k copies, x etp gathered tokens), shared and dense MLPs, and the fused loss's saved
     input and head-weight gradients. ``attention_probs``: SDPA keeps the [H, T, T + S] probabilities (the
-    math kernel CPUs run with a mask); accelerators' fused attention keeps only the log-sum-exp."""
+    math kernel CPUs run with a mask); accelerators' fused attention keeps only the log-sum-exp.
+    ``recompute``: none, selective (the attention and routed experts keep their inputs only; one layer's
+    recompute is live at a time) or full (every block keeps its input; one block's recompute is live)."""
     def g(key: str) -> int:
         return int(v[key])
 
@@ -287,13 +294,24 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     if csa:
         ih, idim = g("csa_indexer_heads"), g("csa_indexer_dim")
         indexer = (ih * s + ih * idim + ih) * act + 2 * 4 * s + s
-    attn = norms + streams + q + kv + attn_out + indexer
+    core = q + kv + attn_out + indexer  # inside the attention module: what selective recompute drops
+    attn = norms + streams + core
     e, k, mi, ns = g("n_routed_experts"), g("experts_per_token"), g("moe_intermediate_size"), g("n_shared_experts")
     moe_tok = n_tok / lay.tp
-    moe = (4 * d + 8 * e + k * (lay.etp * 2 * d + 3 * mi) * act + (d + 3 * mi * ns) * act + d * act) * moe_tok
+    experts = k * (lay.etp * 2 * d + 3 * mi) * act * moe_tok  # dispatched rows and expert GEMM inputs
+    moe = (4 * d + 8 * e + (d + 3 * mi * ns) * act + d * act) * moe_tok + experts
     dense = (2 * d + 3 * _ceil(g("intermediate_size"), lay.tp)) * act * n_tok
     layers, n_dense, mtp, vocab = g("num_layers"), g("n_dense_layers"), g("mtp_depth"), g("vocab_size")
-    total = (layers + mtp) * attn * n_tok + (layers - n_dense + mtp) * moe + n_dense * dense
+    n_attn, n_moe = layers + mtp, layers - n_dense + mtp
+    if recompute == "full":  # each block's input streams, and one block recomputed at a time
+        block = attn * n_tok + (moe if n_moe else dense)
+        total = n_attn * max(hc, 1) * d * act * n_tok + block
+    elif recompute == "selective":  # the modules' inputs (x; expert indices and weights) instead of their insides
+        kept_attn = (norms + streams + d * act) * n_tok
+        kept_moe = moe - experts + 12 * k * moe_tok
+        total = n_attn * kept_attn + n_moe * kept_moe + n_dense * dense + max(core * n_tok, experts if n_moe else 0)
+    else:
+        total = n_attn * attn * n_tok + n_moe * moe + n_dense * dense
     total += n_tok * hc * d * act + mtp * n_tok * 4 * d * act  # embedded streams; MTP eh_proj input and norms
     total += (1 + mtp) * (n_tok * d * act + vocab * d * act + 2 * n_tok * d * act)  # fused loss + final norms
     return int(total)
@@ -340,12 +358,13 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         else:  # owner: send + receive buffers of the matrices this rank owns (balanced)
             opt += 2 * full // max(lay.dp_shard, 1)
     swap = cfg.optimizer.swap
+    largest_state = max((local[p.name] * store * (1 if p.role == "muon" else 2) for p in c.params), default=0)
     return MemoryPlan(
         params=n_params * store, grads=n_params * store, muon_state=muon * store, adamw_state=2 * adamw * store,
         buffers=c.buffer_bytes, activations=activation_bytes(values, lay, cfg.data.micro_batch_size, seq, act,
-                                     attention_probs=device.device_type == "cpu"),
-        fsdp_gather=gather, comm_buffers=comm, optimizer_transient=opt, swap=swap.enabled,
-        swap_buffers=swap.buffers * swap.bucket_mb * 2**20, device=device,
+                                     attention_probs=device.device_type == "cpu", recompute=cfg.recompute),
+        recompute=cfg.recompute, fsdp_gather=gather, comm_buffers=comm, optimizer_transient=opt, swap=swap.enabled,
+        swap_buffers=swap.buffers * max(swap.bucket_mb * 2**20, largest_state), device=device,
         capacity=device.memory_bytes if capacity is None else capacity, world=world,
     )
 

@@ -87,7 +87,7 @@ def rows(plan: Any) -> list[tuple[str, str]]:
         out.append(("swap buffers", gib(plan.swap_buffers)))
     out += [
         ("buffers", gib(plan.buffers)),
-        ("activations (one micro-batch)", gib(plan.activations)),
+        (f"activations (one micro-batch, recompute {plan.recompute})", gib(plan.activations)),
         ("FSDP gathers (transient)", gib(plan.fsdp_gather)),
         ("communication buffers (transient)", gib(plan.comm_buffers)),
         ("optimizer step (transient)", gib(plan.optimizer_transient)),

@@ -22,22 +22,25 @@ class Optimizers:
     adamw: torch.optim.AdamW | None
 
     def all(self) -> list[torch.optim.Optimizer]:
-        """Both optimizers that exist."""
+        """Both optimizers that exist, for whatever reads or replaces their states (checkpoints)."""
+        return self._both()
+
+    def _both(self) -> list[torch.optim.Optimizer]:
         return [o for o in (self.muon, self.adamw) if o is not None]
 
     def step(self) -> None:
         """Step both."""
-        for o in self.all():
+        for o in self._both():
             o.step()
 
     def zero_grad(self) -> None:
         """Drop the gradients (set to None)."""
-        for o in self.all():
+        for o in self._both():
             o.zero_grad(set_to_none=True)
 
     def set_lr_factor(self, factor: float) -> None:
         """Set every group's LR to its peak (``initial_lr``) times ``factor``."""
-        for o in self.all():
+        for o in self._both():
             for g in o.param_groups:
                 g["lr"] = g["initial_lr"] * factor
 

@@ -51,13 +51,17 @@ def blocks(model: DeepSeekModel) -> list[Block]:
 
 
 def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, param_dtype: torch.dtype,
-                reshard_after_forward: bool = True) -> Parallelized:
-    """Distribute ``model`` in place (it must hold the same full weights on every rank)."""
+                reshard_after_forward: bool = True, recompute: str = "none") -> Parallelized:
+    """Distribute ``model`` in place (it must hold the same full weights on every rank): tensor and expert
+    parallelism, activation recompute (trex.trainer.parallel.recompute), then FSDP2."""
+    from trex.trainer.parallel.recompute import apply_recompute
+
     info = Parallelized()
     if dims.tp > 1:
         apply_tensor_parallel(model, dims, meshes, info)
     if dims.ep * dims.etp > 1:
         apply_expert_parallel(model, dims, meshes, info)
+    apply_recompute(model, recompute)
     apply_fsdp(model, dims, meshes, param_dtype, reshard_after_forward)
     return info
 

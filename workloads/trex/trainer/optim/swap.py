@@ -1,0 +1,320 @@
+"""Double-buffered swap optimizer: Muon and AdamW states live in host memory and stream through a few
+device bucket buffers during the optimizer step.
+
+The states of every parameter are split into buckets of whole parameters (whole matrices and expert
+stacks, so Newton-Schulz sees complete matrices; with FSDP2 each rank moves only its local shards). A
+step walks the buckets in order with up to ``buffers`` of them on the device: while bucket i is updated,
+bucket i + 1 (up to i + buffers - 1) is copied in and bucket i - 1 is written back, through a
+:mod:`trex.runtime.copy_engine` engine. A copy-in into a buffer starts after the write-back of that
+buffer's previous bucket; the update of a bucket waits for its copy-in. The last write-backs of a step
+run on behind the next forward and backward: the next step, ``all()`` and ``state_dict()`` (what
+checkpoints read) first wait for them, so nothing reads a state before its write-back has landed. The
+buffers are freed once their last write-back is done, before the next step.
+
+The wrapper steps the existing optimizers on one bucket at a time (their param groups narrowed to the
+bucket), so the arithmetic is theirs and swap on is bit-identical to swap off; between steps each state
+tensor's storage is its host copy, so ``state_dict`` and DCP checkpoints see ordinary, current tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trex.runtime.copy_engine import CopyEngine, CopyHandle, make_copy_engine
+from trex.trainer.config import SwapConfig
+from trex.trainer.model.layers import local_tensor
+from trex.trainer.optim.build import Optimizers
+
+_ALIGN = 64
+"""Byte alignment of each state tensor inside a bucket buffer."""
+
+
+@dataclass
+class SwapStats:
+    """One step's transfers: how long the copies took, how much of that the step waited for, and the bytes."""
+
+    copy_seconds: float = 0.0
+    """Duration of every copy-in and write-back of the step, summed."""
+    exposed_seconds: float = 0.0
+    """Time the step waited on copies (transfer time not hidden behind the updates)."""
+    host_bytes: int = 0
+    """Optimizer-state bytes held in host memory."""
+    buffer_bytes: int = 0
+    """Device bytes of the bucket buffers while the step runs (freed after it)."""
+    buckets: int = 0
+    """Buckets the states were moved in."""
+
+    @property
+    def overlap_ratio(self) -> float:
+        """Hidden copy time / total copy time (1 when nothing was copied)."""
+        if self.copy_seconds <= 0:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_seconds / self.copy_seconds))
+
+    @property
+    def bytes_saved(self) -> int:
+        """Device bytes the states would take minus the buffers that stand in for them."""
+        return max(0, self.host_bytes - self.buffer_bytes)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Consecutive whole parameters of one optimizer."""
+
+    optimizer: str
+    """"muon" or "adamw"."""
+    params: tuple[torch.Tensor, ...]
+
+
+def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+    """Indices of consecutive items grouped greedily up to ``bucket_bytes`` (an item larger than that is a
+    bucket of its own). Pure, from global sizes, so every rank forms the same buckets."""
+    out: list[list[int]] = []
+    used = 0
+    for i, n in enumerate(sizes):
+        if out and used + n <= bucket_bytes:
+            out[-1].append(i)
+            used += n
+        else:
+            out.append([i])
+            used = n
+    return out
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+@dataclass
+class _Slot:
+    """One device bucket buffer and the write-back of the bucket that used it last."""
+
+    buffer: torch.Tensor | None = None
+    released: CopyHandle | None = None
+
+
+@dataclass
+class _Entry:
+    """One state tensor of a bucket: the tensor the optimizer holds (rank-local) and its host copy."""
+
+    state: torch.Tensor
+    host: torch.Tensor
+
+
+@dataclass
+class _Flight:
+    """A bucket on the device: its entries, their device views and the copy-in filling them."""
+
+    entries: list[_Entry] = field(default_factory=list)
+    views: list[torch.Tensor] = field(default_factory=list)
+    copy_in: CopyHandle | None = None
+
+
+class SwapOptimizers(Optimizers):
+    """:class:`Optimizers` whose states live in host memory and are streamed per bucket in ``step``."""
+
+    def __init__(self, inner: Optimizers, *, buffers: int, bucket_bytes: int, engine: CopyEngine,
+                 device_kind: str) -> None:
+        super().__init__(inner.muon, inner.adamw)
+        if buffers < 2:
+            raise ValueError(f"optimizer.swap.buffers must be >= 2, got {buffers}")
+        self.buffers = buffers
+        self.bucket_bytes = bucket_bytes
+        self.engine = engine
+        self.device_kind = device_kind
+        self.pin = device_kind != "cpu"
+        self.buckets = self._plan()
+        self.last: SwapStats | None = None
+        """The last step's transfers."""
+        self._host: dict[tuple[int, str], torch.Tensor] = {}
+        self._pending: list[CopyHandle] = []
+        """Write-backs of the last step that had not landed when it returned."""
+
+    def _plan(self) -> list[Bucket]:
+        out: list[Bucket] = []
+        for name, opt, factor in (("muon", self.muon, 1), ("adamw", self.adamw, 2)):
+            if opt is None:
+                continue
+            params = [p for g in opt.param_groups for p in g["params"]]
+            sizes = [p.numel() * p.element_size() * factor for p in params]  # global shapes: equal on every rank
+            out.extend(Bucket(name, tuple(params[i] for i in idx)) for idx in plan_buckets(sizes, self.bucket_bytes))
+        return out
+
+    # --- host copies ------------------------------------------------------------------------------
+    def _entries(self, bucket: Bucket) -> list[_Entry]:
+        """The bucket's state tensors (those shaped like their parameter's local part) with host copies.
+        A state that is not stored in its host copy (created by the optimizer's first step, or replaced by
+        a checkpoint load) gets one: pinned on accelerators, filled from the state."""
+        opt = self.muon if bucket.optimizer == "muon" else self.adamw
+        assert opt is not None
+        out: list[_Entry] = []
+        for p in bucket.params:
+            shape = local_tensor(p).shape
+            for key, value in opt.state.get(p, {}).items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                state = local_tensor(value)
+                if state.shape != shape:  # scalars (AdamW's step) stay where they are
+                    continue
+                host = self._host.get((id(p), key))
+                if host is None or host.shape != state.shape or host.dtype != state.dtype:
+                    host = torch.empty(state.shape, dtype=state.dtype, pin_memory=self.pin)
+                    self._host[(id(p), key)] = host
+                out.append(_Entry(state, host))
+        return out
+
+    def offload(self) -> None:
+        """Move every state that is not stored in its host copy there now (after a checkpoint load)."""
+        with torch.no_grad():
+            for bucket in self.buckets:
+                for e in self._entries(bucket):
+                    if e.state.data_ptr() != e.host.data_ptr():
+                        e.host.copy_(e.state)
+                        e.state.data = e.host
+
+    def host_bytes(self) -> int:
+        """Bytes of optimizer state held in host memory."""
+        return sum(t.numel() * t.element_size() for t in self._host.values())
+
+    def settle(self) -> tuple[float, float]:
+        """Wait for the last step's outstanding write-backs: (seconds waited, their copy seconds)."""
+        t0 = time.perf_counter()
+        for h in self._pending:
+            h.wait()
+        waited = time.perf_counter() - t0
+        copied = sum(h.seconds() for h in self._pending)
+        self._pending = []
+        return waited, copied
+
+    def all(self) -> list[torch.optim.Optimizer]:
+        """Both optimizers, their states current in host memory (outstanding write-backs waited for)."""
+        self.settle()
+        return super().all()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Both optimizer states, once every write-back has landed."""
+        self.settle()
+        return super().state_dict()
+
+    # --- the step ---------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Update every bucket, streaming its states through the device buffers. The wait for the previous
+        step's last write-backs counts as this step's exposed time."""
+        with torch.no_grad():
+            waited, copied = self.settle()
+            self.offload()
+            stats = self._step()
+            stats.exposed_seconds += waited
+            stats.copy_seconds += copied
+            self.last = stats
+
+    def _step(self) -> SwapStats:
+        stats = SwapStats(buckets=len(self.buckets))
+        entries = [self._entries(b) for b in self.buckets]
+        slot_bytes = max((sum(_aligned(e.host.numel() * e.host.element_size()) for e in es) for es in entries),
+                         default=0)
+        slots = [_Slot() for _ in range(self.buffers)]
+        flights: dict[int, _Flight] = {}
+        handles: list[CopyHandle] = []
+        dev = self._device()
+
+        def copy_in(j: int) -> None:
+            flight = flights[j] = _Flight(entries[j])
+            if not flight.entries:
+                return
+            slot = slots[j % self.buffers]
+            if slot.buffer is None:
+                slot.buffer = torch.empty(slot_bytes, dtype=torch.uint8, device=dev)
+                stats.buffer_bytes += slot_bytes
+            offset = 0
+            for e in flight.entries:
+                n = e.host.numel() * e.host.element_size()
+                flight.views.append(slot.buffer[offset:offset + n].view(e.host.dtype).view(e.host.shape))
+                offset += _aligned(n)
+            after = [slot.released] if slot.released is not None else []
+            flight.copy_in = self.engine.copy_many([(v, e.host) for v, e in zip(flight.views, flight.entries,
+                                                                                strict=True)], after=after)
+            handles.append(flight.copy_in)
+
+        for j in range(min(self.buffers - 1, len(self.buckets))):
+            copy_in(j)
+        for i, bucket in enumerate(self.buckets):
+            if i + self.buffers - 1 < len(self.buckets):
+                copy_in(i + self.buffers - 1)
+            flight = flights.pop(i)
+            if flight.copy_in is not None:
+                self._sync_compute()
+                t0 = time.perf_counter()
+                self._await_copy_in(flight.copy_in)
+                stats.exposed_seconds += time.perf_counter() - t0
+            for e, v in zip(flight.entries, flight.views, strict=True):
+                e.state.data = v
+            self._step_bucket(bucket)
+            written = self._entries(bucket)  # includes states the first step just created
+            back = self.engine.copy_many([(e.host, e.state.data) for e in written], to_host=True)
+            for e in written:
+                e.state.data = e.host
+            slots[i % self.buffers].released = back
+            handles.append(back)
+        # Copy-ins have all been waited for; write-backs still in flight finish behind the next forward.
+        landed = [h.done() for h in handles]
+        self._pending = [h for h, d in zip(handles, landed, strict=True) if not d]
+        stats.copy_seconds = sum(h.seconds() for h, d in zip(handles, landed, strict=True) if d)
+        stats.host_bytes = self.host_bytes()
+        return stats
+
+    def _await_copy_in(self, handle: CopyHandle) -> None:
+        """The update of a bucket reads its states only after their copy-in has landed."""
+        handle.wait()
+
+    def _sync_compute(self) -> None:
+        """Let the device finish the queued updates first, so a wait measures only transfer time."""
+        if self.device_kind != "cpu":
+            torch.get_device_module(self.device_kind).current_stream().synchronize()
+
+    def _device(self) -> torch.device:
+        for b in self.buckets:
+            for p in b.params:
+                return local_tensor(p).device
+        return torch.device("cpu")
+
+    def _step_bucket(self, bucket: Bucket) -> None:
+        """Step one optimizer on the bucket's parameters only (its param groups narrowed, then restored)."""
+        opt = self.muon if bucket.optimizer == "muon" else self.adamw
+        assert opt is not None
+        keep = {id(p) for p in bucket.params}
+        saved = [g["params"] for g in opt.param_groups]
+        try:
+            for g in opt.param_groups:
+                g["params"] = [p for p in g["params"] if id(p) in keep]
+            opt.step()
+        finally:
+            for g, params in zip(opt.param_groups, saved, strict=True):
+                g["params"] = params
+
+
+def with_swap(opts: Optimizers, cfg: SwapConfig, device_kind: str, engine: CopyEngine | None = None,
+              bucket_bytes: int | None = None) -> Optimizers:
+    """``opts`` itself when optimizer.swap is off, else a :class:`SwapOptimizers` around it (the device's copy
+    engine and bucketMb unless ``engine`` or ``bucket_bytes`` are given)."""
+    if not cfg.enabled:
+        return opts
+    return SwapOptimizers(opts, buffers=cfg.buffers, bucket_bytes=bucket_bytes or cfg.bucket_mb * 2**20,
+                          engine=engine or make_copy_engine(device_kind), device_kind=device_kind)
+
+
+def summary(steps: Sequence[SwapStats]) -> dict[str, float | int]:
+    """The run's transfers for the termination summary: exposed seconds per step (mean), the overlap ratio
+    over all steps (hidden / total copy time), device bytes saved and bucket count (last step)."""
+    if not steps:
+        return {}
+    copy = sum(s.copy_seconds for s in steps)
+    exposed = sum(s.exposed_seconds for s in steps)
+    total = SwapStats(copy_seconds=copy, exposed_seconds=exposed)
+    return {"exposedSecondsPerStep": exposed / len(steps), "overlapRatio": total.overlap_ratio,
+            "deviceBytesSaved": steps[-1].bytes_saved, "buckets": steps[-1].buckets}
