@@ -226,11 +226,18 @@ def termination_summary(results: Sequence[Mapping[str, Any]], backend: str, fact
     """Compact outcome for the pod's termination message."""
     import math
 
-    sp = [float(r["speedup_eager"]) for r in results if r.get("speedup_eager")]
-    geo = math.exp(sum(math.log(s) for s in sp) / len(sp)) if sp else None
-    # Keys follow the operator's contract: geomeanSpeedup and kernels.<name>.speedup become status.results.
+    def geo(key: str) -> float | None:
+        sp = [float(r[key]) for r in results if r.get(key)]
+        return round(math.exp(sum(math.log(s) for s in sp) / len(sp)), 4) if sp else None
+
+    def ratios(r: Mapping[str, Any]) -> dict[str, float]:
+        out = {"speedup": round(float(r["speedup_eager"]), 3)}
+        if r.get("speedup_compile"):
+            out["speedupCompile"] = round(float(r["speedup_compile"]), 3)
+        return out
+    # Keys follow the operator's contract: geomeanSpeedup (over eager), geomeanSpeedupCompile (over torch.compile)
+    # and kernels.<name>.speedup / .speedupCompile become status.results.
     return {"kind": "KernelTuneJob", "backend": backend, "device": facts.name, "tuned": len(results),
-            "geomeanSpeedup": round(geo, 4) if geo is not None else None,
+            "geomeanSpeedup": geo("speedup_eager"), "geomeanSpeedupCompile": geo("speedup_compile"),
             "trials": sum(int(r["trials"]) for r in results),
-            "kernels": {f"{r['kernel']}/{r['dtype']}": {"speedup": round(float(r["speedup_eager"]), 3)}
-                        for r in results}}
+            "kernels": {f"{r['kernel']}/{r['dtype']}": ratios(r) for r in results}}

@@ -65,6 +65,8 @@ ASCEND_KERNELS: dict[str, tuple[str, str]] = {
     "rope_fwd": ("rope.cpp", "trex_rope_fwd"),
     "rope_inv": ("rope.cpp", "trex_rope_inv"),
 }
+ASCEND_DTYPES: tuple[str, ...] = ("fp32",)
+"""Element types the templates are written for (their queues, Muls/ReduceSum calls and tiling are fp32)."""
 # queue slots per buffer (x BUFFER_NUM) and single scratch tiles, in TILE_LEN fp32 units
 _QUEUE_TILES = {"rmsnorm_fwd": (3, 1), "swiglu_clamp_fwd": (3, 1), "rope_fwd": (6, 1), "rope_inv": (6, 1)}
 _SCALAR_WRITERS = ("rmsnorm_fwd",)
@@ -226,7 +228,7 @@ class AscendCBackend(Backend):
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ascendc"
 
     def supports(self, spec: KernelSpec, dtype: str) -> bool:
-        return spec.name in ASCEND_KERNELS and dtype == "fp32"
+        return spec.name in ASCEND_KERNELS and dtype in ASCEND_DTYPES
 
     def param_space(self, spec: KernelSpec, shape: Mapping[str, int]) -> ParamSpace:
         cores = SOCS[self.soc].cores
