@@ -22,7 +22,7 @@ from trex.kernels.search import Budget, SearchConfig, best_node, run_search
 from trex.kernels.skills import Context, Skill, SkillLibrary
 from trex.kernels.suite import SUITE
 from trex.kernels.suite.base import KernelSpec, shape_bucket, shape_key
-from trex.kernels.tiling import plan
+from trex.kernels.tiling import plan, predicted_times
 from trex.telemetry.summary import write_termination_summary
 
 Log = Callable[[str], None]
@@ -87,8 +87,7 @@ def tune_one(spec: KernelSpec, shape: dict[str, int], dtype: str, cfg: KernelTun
         space["CHUNK"] = (backend.default_params(spec, shape)["CHUNK"],)  # scheduling chunks mean nothing serially
         fixed = {**(fixed or {}), "CHUNK": space["CHUNK"][0]}
     roof = classify(spec, shape, dtype, facts)
-    pl = plan(spec, shape, dtype, backend, facts, backend.predict, k=cfg.milp_starts, fixed=fixed,
-              capacity=backend.tile_capacity(facts))
+    pl = plan(spec, shape, dtype, backend, facts, k=cfg.milp_starts, fixed=fixed)
     ev = KernelEvaluator(spec, shape, dtype, backend, facts, samples=cfg.budget.samples, seed=cfg.seed,
                          gate_seeds=cfg.gate_seeds, predictor=backend.predict)
     starts: list[dict[str, Any]] = []
@@ -130,6 +129,11 @@ def tune_one(spec: KernelSpec, shape: dict[str, int], dtype: str, cfg: KernelTun
     measured = [(s["predicted_s"], s["median_s"]) for s in starts if s["status"] == "root"]
     measured += [(t["predicted_s"], t["median_s"]) for t in state["trials"] if t["median_s"] > 0]
     rho = spearman([a for a, _ in measured], [b for _, b in measured])
+    configs = [s["params"] for s in starts if s["status"] == "root"] + [t["params"] for t in state["trials"]
+                                                                        if t["median_s"] > 0]
+    modelled = [(m, b) for m, (_, b) in zip(predicted_times(pl.model, configs) if pl.model else [], measured,
+                                            strict=False) if m is not None]
+    rho_milp = spearman([a for a, _ in modelled], [b for _, b in modelled])
     outcomes: dict[str, int] = {}
     for t in state["trials"]:
         outcomes[t["status"]] = outcomes.get(t["status"], 0) + 1
@@ -143,7 +147,8 @@ def tune_one(spec: KernelSpec, shape: dict[str, int], dtype: str, cfg: KernelTun
         "roofline_fraction": fraction_of_roofline(spec, shape, dtype, facts, bl.tuned_s),
         "bandwidth_fraction": achieved_bandwidth_fraction(spec, shape, dtype, facts, bl.tuned_s,
                                                           int(best["params"].get("THREADS", 0))),
-        "milp_starts": starts, "milp_directions": pl.directions, "spearman": rho, "n_measured": len(measured),
+        "milp_starts": starts, "milp_directions": pl.directions, "spearman": rho, "spearman_milp": rho_milp,
+        "n_measured": len(measured),
         "predicted_vs_measured": measured, "trials": len(state["trials"]), "outcomes": outcomes,
         "skills_used": len(matches), "stop_reason": state["stop_reason"], "seconds": time.monotonic() - t0,
     })
