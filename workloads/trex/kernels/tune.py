@@ -235,14 +235,15 @@ def termination_summary(results: Sequence[Mapping[str, Any]], backend: str, fact
         sp = [float(r[key]) for r in results if r.get(key)]
         return round(math.exp(sum(math.log(s) for s in sp) / len(sp)), 4) if sp else None
 
-    def ratios(r: Mapping[str, Any]) -> dict[str, float]:
-        out = {"speedup": round(float(r["speedup_eager"]), 3)}
+    def entry(r: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"speedup": round(float(r["speedup_eager"]), 3), "params": dict(r["params"])}
         if r.get("speedup_compile"):
             out["speedupCompile"] = round(float(r["speedup_compile"]), 3)
         return out
     # Keys follow the operator's contract: geomeanSpeedup (over eager), geomeanSpeedupCompile (over torch.compile)
-    # and kernels.<name>.speedup / .speedupCompile become status.results.
+    # and kernels.<kernel/dtype/shape class>.speedup / .speedupCompile become status.results; the params
+    # become the registry a TrainJob's kernelsFrom mounts.
     return {"kind": "KernelTuneJob", "backend": backend, "device": facts.name, "tuned": len(results),
             "geomeanSpeedup": geo("speedup_eager"), "geomeanSpeedupCompile": geo("speedup_compile"),
             "trials": sum(int(r["trials"]) for r in results),
-            "kernels": {f"{r['kernel']}/{r['dtype']}": ratios(r) for r in results}}
+            "kernels": {f"{r['kernel']}/{r['dtype']}/{r['bucket']}": entry(r) for r in results}}
