@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from typing import Any
 
 import pytest
 from trex.kernels.backends.ascendc import SOCS, AscendCBackend, make_tiling
@@ -22,10 +23,16 @@ from trex.kernels.tiling import (
     plan,
     solve,
     stage_time,
-    working_set,
 )
 
 SOLVERS = ["highs", "gurobi"]
+
+
+def working_set(spec: Any, shape: dict[str, int], params: dict[str, int]) -> float:
+    """Bytes one cpu-c stage touches (fp32), written out independently of the model's footprint groups."""
+    if spec.kclass == "gemm":
+        return 4.0 * (params["MB"] * params["KB"] + params["KB"] * params["NB"] + params["MB"] * params["NB"])
+    return float(spec.tile_bytes(shape, params["BLOCK"] if "BLOCK" in params else params.get("CHUNK", 1), 4))
 
 
 def _brute(model: TilingModel, k: int) -> list[float]:
@@ -102,7 +109,7 @@ def test_cpu_plan_equals_brute_force_and_respects_constraints(cpu_backend, name:
     assert [c.predicted for c in p.ranked] == pytest.approx(_brute(p.model, 4), rel=1e-9)
     for c in p.ranked:
         prm = c.params
-        assert working_set(spec, shape, "fp32", prm) <= cap
+        assert working_set(spec, shape, prm) <= cap
         if prm.get("VEC"):
             assert prm.get("UNROLL", 1) == 1
             for tile in ("NB", "BLOCK"):
@@ -129,6 +136,23 @@ def test_ascend_plan_equals_brute_force_and_fits_the_ub(name: str, shape: dict[s
     # the big rows want long tiles; double buffering is chosen whenever the tile fits twice
     best = p.ranked[0].params
     assert best["BUFFER_NUM"] == 2 or model_time(p.model, {**best, "BUFFER_NUM": 2}) is None
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_triton_plan_equals_brute_force_and_fits_shared_memory(solver: str) -> None:
+    from trex.kernels.backends.triton import TritonBackend
+
+    facts = DeviceFacts(name="cuda:test", peak_flops=5e13, bandwidth=3e12, caches={"SMEM": 48 << 10, "L2": 50 << 20},
+                        level_bandwidth={}, cores=132, source="nominal")
+    be = TritonBackend(facts=facts)
+    spec, shape = SUITE["rmsnorm_fwd"], {"rows": 64, "cols": 4096}
+    p = plan(spec, shape, "fp32", be, facts, k=5, solver=solver)  # type: ignore[arg-type]
+    assert p.model is not None
+    assert [c.predicted for c in p.ranked] == pytest.approx(_brute(p.model, 5), rel=1e-9)
+    for c in p.ranked:
+        assert c.params["STAGES"] * c.params["BLOCK"] * 4 * 4 <= 48 << 10  # x, w, y, rstd slices per stage
+    assert model_time(p.model, {"BLOCK": 4096, "WARPS": 4, "STAGES": 3}) is None  # 192 KiB: the limit binds
+    assert model_time(p.model, {"BLOCK": 512, "WARPS": 4, "STAGES": 3}) is not None
 
 
 def test_double_buffering_is_a_real_tradeoff() -> None:

@@ -329,16 +329,6 @@ def _pow2_ceil(v: int) -> int:
     return 1 << max(0, (int(v) - 1).bit_length())
 
 
-def working_set(spec: KernelSpec, shape: Mapping[str, int], dtype: str, params: Mapping[str, int]) -> float:
-    """Bytes one cpu-c stage touches: the GEMM's A/B/C tiles, a BLOCK-wide slice, or a CHUNK of rows."""
-    e = elem_bytes(dtype)
-    if spec.kclass == "gemm":
-        return 4.0 * (params["MB"] * params["KB"] + params["KB"] * params["NB"] + params["MB"] * params["NB"])
-    if "BLOCK" in params:
-        return spec.tile_bytes(shape, params["BLOCK"], e)
-    return spec.tile_bytes(shape, params.get("CHUNK", 1), e)
-
-
 def _vec_eff(vec: int, unroll: int) -> float:
     """Fraction of the vector peak a loop reaches: scalar ~1/4 (unrolling helps a little), simdlen 16 fills a
     512-bit register, wider lengths add independent accumulators."""
@@ -472,13 +462,6 @@ def cpu_model(spec: KernelSpec, shape: Mapping[str, int], dtype: str, space: Par
                     pairs[(("VEC", vec), ("UNROLL", un))] = "UNROLL only applies to scalar loops"
     return TilingModel(space=space, levels=levels, groups=tuple(groups), overlap={1: 0.25}, launch_s=LAUNCH_S,
                        forbid=forbid, forbid_pairs=pairs)
-
-
-def admissible(model: TilingModel, params: Mapping[str, int]) -> str | None:
-    """Alignment/divisibility/capacity: why no level can hold this configuration, or None."""
-    if model_time(model, params) is not None:
-        return None
-    return violation(model, {**params, LEVEL: len(model.levels) - 1}) or "footprint exceeds every level"
 
 
 def _restrict(model: TilingModel, fixed: Mapping[str, int] | None) -> TilingModel:

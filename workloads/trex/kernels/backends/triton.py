@@ -157,7 +157,7 @@ class TritonBackend(Backend):
 
     def tiling_model(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
                      capacity: float | None = None) -> TilingModel:
-        """Shared-memory MILP: STAGES copies of a BLOCK-wide slice within SMEM; roofline terms scaled by the
+        """Shared-memory MILP: STAGES copies of a BLOCK-wide slice of every argument within SMEM; roofline terms scaled by the
         occupancy of BLOCK over 32 x WARPS lanes, pipelined across stages (one stage exposes the smaller term,
         more stages hide it), per-slice loop cost and one launch."""
         from trex.kernels.roofline import classify
@@ -172,9 +172,10 @@ class TritonBackend(Backend):
         def eff(blk: int, warps: int) -> float:
             return 1.0 if 2 <= blk / (32.0 * warps) <= 16 else 0.6
         pairs = [(b, w) for b in space["BLOCK"] for w in space["WARPS"]]
+        streams = len(spec.inputs) + len(spec.outputs)
         groups = (Group(("BLOCK", "WARPS"), compute={(b, w): roof.t_compute / eff(b, w) for b, w in pairs},
                         memory={(b, w): roof.t_memory / eff(b, w) for b, w in pairs}),
-                  Group(("BLOCK", "STAGES"), footprint={(b, st): st * spec.tile_bytes(shape, b, e)
+                  Group(("BLOCK", "STAGES"), footprint={(b, st): float(st * b * e * streams)
                                                         for b in space["BLOCK"] for st in space["STAGES"]}),
                   Group(("BLOCK",), overhead={(b,): max(1, -(-shape.get(spec.tile_dim, 1) // b)) * 2e-8
                                               for b in space["BLOCK"]}))
