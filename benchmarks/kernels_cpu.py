@@ -19,6 +19,11 @@ sides. BW(DRAM) divides by the DRAM triad (values above 1 mean the data lives in
 >= 0.60 of measured bandwidth for memory-bound kernels: those whose arithmetic intensity is below the ridge
 point at the benchmark's thread count (``roofline.classify(..., threads=...)``), short ones included.
 
+Spread: after the table, the registry is re-timed in ``--processes`` (default 3) separate Python processes
+(fresh allocator, fresh torch.compile, a new time slice on a shared host), and the per-kernel and geomean
+speedups are printed as min / median / max over them, so a figure that moves from 3.7x to 1.9x between runs
+shows as such.
+
 The real-hardware skills comparison lives in benchmarks/kernels_skills.py.
 """
 
@@ -109,6 +114,31 @@ def triad_fraction(kernel: str, dtype: str, shape: dict[str, int], params: dict[
     return triad_bw, moved / t.median_cand / triad_bw
 
 
+def spread(src: Path, processes: int, samples: int, threads: int) -> None:
+    """Re-time the registry in ``processes`` separate processes, one after another; print min/median/max."""
+    import statistics
+    import subprocess
+
+    runs: list[list[dict[str, Any]]] = []
+    for i in range(processes):
+        dest = Path(tempfile.mkdtemp(prefix="trex-kernels-spread-")) / f"run{i}.json"
+        subprocess.run([sys.executable, __file__, "--from", str(src), "--samples", str(samples), "--threads",
+                        str(threads), "--json", str(dest)], check=True)
+        runs.append(json.loads(dest.read_text(encoding="utf-8")))
+    print(f"\nspread over {processes} separate processes (min / median / max):")
+    keys = sorted({(r["kernel"], r["dtype"]) for run in runs for r in run})
+    for base in ("speedup_eager", "speedup_compile"):
+        for kernel, dtype in keys:
+            vals = [r[base] for run in runs for r in run
+                    if (r["kernel"], r["dtype"]) == (kernel, dtype) and r["correct"] and r.get(base)]
+            if vals:
+                print(f"  {kernel:18s} {dtype:5s} {base:15s} {min(vals):6.2f} {statistics.median(vals):6.2f} "
+                      f"{max(vals):6.2f}")
+        geos = [_geo([r[base] for r in run if r["correct"] and r.get(base)]) for run in runs]
+        print(f"  geomean {base}: {min(geos):.2f} / {statistics.median(geos):.2f} / {max(geos):.2f}"
+              f" (max/min {max(geos) / min(geos):.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--from", dest="src", help="output directory of a previous `trex kernels tune` to re-time")
@@ -119,7 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="threads for every side (default 1: the 2 cores are shared, so a second thread mostly "
                          "measures scheduler latency; 0 = all cores)")
     ap.add_argument("--kernels", default="", help="comma-separated subset")
+    ap.add_argument("--processes", type=int, default=3,
+                    help="separate processes re-timing the registry for the spread (0 = none)")
+    ap.add_argument("--json", help="write the re-timed rows here and stop (what each spread process does)")
     args = ap.parse_args(argv)
+    if args.json:
+        rows = retime(Path(args.src), args.samples, args.threads)
+        Path(args.json).write_text(json.dumps(rows), encoding="utf-8")
+        return 0
     t0 = time.monotonic()
     from trex.kernels.roofline import classify
     from trex.kernels.suite import get
@@ -193,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         print("like for like, against a same-size, same-thread-count triad timed interleaved with the kernel "
               "(rewarm + medians): " + ", ".join(f"{r['kernel']}/{r['dtype']} {r['triad_fraction']:.2f} of "
                                         f"{r['triad_bw'] / 1e9:.0f} GB/s" for r in mem) + " (goal >= 0.60)")
+    if args.processes > 0:
+        spread(Path(args.src) if args.src else out, args.processes, args.samples, args.threads)
     print(f"wall time {time.monotonic() - t0:.0f} s; shared 2-core host: timings are noisy")
     return 0
 

@@ -46,7 +46,7 @@ def search(kernel: str, shape: dict[str, int], workdir: Path, name: str, trials:
     be = CpuCBackend()
     facts = be.facts()
     spec = get(kernel)
-    pl = plan(spec, shape, "fp32", be, facts, be.predict, k=1)
+    pl = plan(spec, shape, "fp32", be, facts, k=1)
     def flat(*_: Any) -> float:
         return 1.0
 

@@ -527,7 +527,7 @@ KIND_INFO: dict[str, KindInfo] = {
         section="kernels",
         printer_columns=[
             _PHASE, _PCT,
-            {"name": "Speedup", "type": "number", "jsonPath": ".status.results.geomeanSpeedup"},
+            {"name": "Speedup", "type": "string", "jsonPath": ".status.results.speedup"},
             {"name": "Backend", "type": "string", "jsonPath": ".spec.kernels.backend", "priority": "1"},
             _AGE,
         ],

@@ -236,9 +236,23 @@ def summarise(objs: list[dict[str, Any]], expected: list[tuple[str, str]]) -> tu
                              "SFT steps on a CPU: a score near 0 means too small a model and too short a run, "
                              "not a broken loop; the oracle check below scores the harness and budget)")
         elif kind == "KernelTuneJob":
-            lines.append(f"  geomeanSpeedup={results.get('geomeanSpeedup')} kernels="
+            lines.append(f"  geomeanSpeedup={results.get('geomeanSpeedup')} (over eager), "
+                         f"geomeanSpeedupCompile={results.get('geomeanSpeedupCompile')} (over torch.compile) kernels="
                          + ", ".join(sorted((results.get("kernels") or {}).keys())))
+            lines += [f"  {w}" for w in speedup_warnings(results)]
     return ok, lines
+
+
+def speedup_warnings(results: Mapping[str, Any]) -> list[str]:
+    """What a KernelTuneJob's figures do not show by themselves: a geomean below 1.0 means the tuned kernels
+    are slower than the baseline (the job succeeded; the kernels did not)."""
+    out = []
+    for key, base in (("geomeanSpeedup", "eager PyTorch"), ("geomeanSpeedupCompile", "torch.compile")):
+        g = results.get(key)
+        if isinstance(g, int | float) and g < 1.0:
+            out.append(f"WARNING: {key}={g} < 1.0: the tuned kernels are slower than {base} on this host "
+                       "(the quick tune runs 12 trials in 40 s; the job ran, the speedup is not there)")
+    return out
 
 
 def oracle_lines(docs: list[dict[str, Any]], work_dir: Path) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import posixpath
+from collections.abc import Mapping
 from typing import Any
 
 from trex_operator import ranktable
@@ -253,7 +254,6 @@ class TrainImpl(_PodKind):
         spec, job, attempt = ctx.model.spec, ctx.job, ctx.status.attempt
         nproc, nnodes = spec.devices_per_replica, spec.replicas
         master = f"worker-0.{service_name(job)}.{job.namespace}.svc"
-        resume = ctx.status.progress.get("resumeStep")
         config_text = render_yaml("trainer", self.trainer_config(ctx))
         out = []
         for i in range(nnodes):
@@ -263,8 +263,6 @@ class TrainImpl(_PodKind):
                 env["RANK_TABLE_FILE"] = ctx.observed.defaults.rank_table_file
                 env.update(ranktable.pod_env(self._layout(ctx), i, ctx.observed.defaults.hccl_connect_timeout_s,
                                              spec.trainer.deterministic))
-            if isinstance(resume, int):
-                env["TREX_RESUME_STEP"] = str(resume)
             if spec.kernels_from is not None:
                 env["TREX_KERNELS_FILE"] = f"{KERNELS_DIR}/kernels.json"
             out.append(pod(job, spec, name=f"{job.name}-worker-{i}-a{attempt}", role="worker", attempt=attempt,
@@ -317,6 +315,42 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
+def registry_doc(results: Mapping[str, Any]) -> dict[str, Any]:
+    """The kernel registry (trex.kernels.registry's format) a TrainJob's kernelsFrom mounts as kernels.json, from a
+    KernelTuneJob's status.results: every ``kernel/dtype/shape class`` entry that carries its tuned params."""
+    from trex.kernels.registry import REGISTRY_VERSION
+
+    out: dict[str, Any] = {"version": REGISTRY_VERSION, "backend": results.get("backend"),
+                           "device": results.get("device", ""), "kernels": {}}
+    for key, v in (results.get("kernels") or {}).items():
+        parts = str(key).split("/")
+        if len(parts) != 3 or not isinstance(v, Mapping) or not isinstance(v.get("params"), Mapping):
+            continue
+        kernel, dtype, bucket = parts
+        out["kernels"].setdefault(kernel, {}).setdefault(bucket, {})[dtype] = {
+            "params": dict(v["params"]), "speedup_eager": v.get("speedup"), "speedup_compile": v.get("speedupCompile")}
+    return out
+
+
+def speedup_results(summaries: list[Mapping[str, Any]], kernels: Mapping[str, Any]) -> dict[str, Any]:
+    """Both geomean ratios (over eager: geomeanSpeedup, over torch.compile: geomeanSpeedupCompile), each the
+    single pod's own figure or the geomean over every kernel, and the Speedup column's text showing both."""
+    out: dict[str, Any] = {}
+    for total, per_kernel in (("geomeanSpeedup", "speedup"), ("geomeanSpeedupCompile", "speedupCompile")):
+        reported = [float(s[total]) for s in summaries if isinstance(s.get(total), int | float)]
+        values = [float(v[per_kernel]) for v in kernels.values()
+                  if isinstance(v, Mapping) and isinstance(v.get(per_kernel), int | float)]
+        g = reported[0] if len(reported) == 1 and len(summaries) == 1 else geomean(values)
+        if g is not None:
+            out[total] = round(g, 4)
+    if "geomeanSpeedup" in out:
+        text = f"{out['geomeanSpeedup']:.2f}x eager"
+        if "geomeanSpeedupCompile" in out:
+            text += f", {out['geomeanSpeedupCompile']:.2f}x compile"
+        out["speedup"] = text + (" (slower than eager)" if out["geomeanSpeedup"] < 1.0 else "")
+    return out
+
+
 class KernelTuneImpl(_PodKind):
     """KernelTuneJob: one pod per backend/device target; results into status and <name>-kernels."""
 
@@ -349,21 +383,16 @@ class KernelTuneImpl(_PodKind):
             return
         if all(s.phase == "Succeeded" for s in states.values()):
             kernels: dict[str, Any] = {}
-            reported: list[float] = []
             for s in states.values():
                 k = s.summary.get("kernels")
                 if isinstance(k, dict):
                     kernels.update(k)
-                g = s.summary.get("geomeanSpeedup")
-                if isinstance(g, int | float):
-                    reported.append(float(g))
-            speedups = [float(v["speedup"]) for v in kernels.values()
-                        if isinstance(v, dict) and isinstance(v.get("speedup"), int | float)]
-            g = reported[0] if len(reported) == 1 and len(states) == 1 else geomean(speedups)
             st.results = {"backend": ctx.model.spec.kernels.backend, "kernels": kernels,
                           "kernelsConfigMap": kernels_config_map_name(ctx.job.name)}
-            if g is not None:
-                st.results["geomeanSpeedup"] = round(g, 4)
+            devices = {s.summary.get("device") for s in states.values()} - {None}
+            if len(devices) == 1:
+                st.results["device"] = devices.pop()
+            st.results.update(speedup_results([s.summary for s in states.values()], kernels))
             st.progress = _scalar_progress(st.progress)
             finish(ctx, self, "Succeeded", "Completed", f"tuned {len(kernels)} kernel(s)")
             return
@@ -372,9 +401,8 @@ class KernelTuneImpl(_PodKind):
 
     def finished(self, ctx: Ctx) -> None:
         if ctx.status.phase == "Succeeded":
-            kernels = ctx.status.results.get("kernels") or {}
             ctx.plan.ensure.append(config_map(ctx.job, kernels_config_map_name(ctx.job.name),
-                                              {"kernels.json": to_json(kernels),
+                                              {"kernels.json": to_json(registry_doc(ctx.status.results)),
                                                "results.json": to_json(ctx.status.results)}))
 
 

@@ -54,9 +54,9 @@ def result_text(kind: str, status: Mapping[str, Any]) -> str:
         if step is not None:
             return f"step {step}/{results.get('maxSteps', progress.get('maxSteps', '?'))}" + (f" loss {loss:.3f}" if loss is not None else "")
     if kind == "KernelTuneJob":
-        g = _num(results.get("geomeanSpeedup"))
+        g, gc = _num(results.get("geomeanSpeedup")), _num(results.get("geomeanSpeedupCompile"))
         if g is not None:
-            return f"geomean speedup {g:.2f}x"
+            return f"geomean {g:.2f}x eager" + (f", {gc:.2f}x compile" if gc is not None else "")
     if kind == "EvalJob":
         bench = results.get("benchmarks") or {}
         if isinstance(bench, dict) and bench:

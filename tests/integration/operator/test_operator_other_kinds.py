@@ -28,14 +28,18 @@ async def test_kernels_then_train_with_reference(env: OperatorEnv) -> None:
     await env.apply("KernelTuneJob", "kt", {"kernels": {"backend": "cpu-c"}})
     (pod,) = await wait_pods(env, "kt", 1)
     await k.run(pod)
-    await k.terminate(pod, 0, summary={"kernels": {"matmul": {"speedup": 2.0, "config": {"tileM": 64}},
-                                                   "softmax": {"speedup": 8.0, "config": {"block": 128}}}})
+    await k.terminate(pod, 0, summary={"device": "cpu:x", "kernels": {
+        "rmsnorm_fwd/fp32/cols256-rows2048": {"speedup": 2.0, "speedupCompile": 1.5, "params": {"VEC": 16}},
+        "swiglu_clamp_fwd/fp32/cols128-rows4096": {"speedup": 8.0, "params": {"VEC": 8}}}})
     kt = await env.wait_phase("KernelTuneJob", "kt", "Succeeded")
     assert kt["status"]["results"]["geomeanSpeedup"] == pytest.approx(4.0)  # sqrt(2 x 8)
     await env.wait_for(lambda: [c for c in env.objects("v1/configmaps") if c["metadata"]["name"] == "kt-kernels"],
                        what="kernels config map")
     cm = next(c for c in env.objects("v1/configmaps") if c["metadata"]["name"] == "kt-kernels")
-    assert json.loads(cm["data"]["kernels.json"])["matmul"]["config"] == {"tileM": 64}
+    doc = json.loads(cm["data"]["kernels.json"])  # the registry the TrainJob's trainer loads
+    assert doc["backend"] == "cpu-c" and doc["device"] == "cpu:x"
+    assert doc["kernels"]["rmsnorm_fwd"]["cols256-rows2048"]["fp32"]["params"] == {"VEC": 16}
+    assert kt["status"]["results"]["speedup"] == "4.00x eager, 1.50x compile"
     await wait_pods(env, "tj", 1)
     job = await env.wait_phase("TrainJob", "tj", "Starting")
     assert [(e["kind"], e["name"]) for e in job["status"]["lineage"]] == [("KernelTuneJob", "kt")]

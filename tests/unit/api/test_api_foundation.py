@@ -175,6 +175,7 @@ def test_validate_cli_valid_and_invalid() -> None:
         "14-swap-optimizer.yaml": ("spec.trainer.parallelism", "even with the optimizer states in host memory"),
         "15-opd-mode.yaml": ("spec.trainer.mode", "'opd' (on-policy distillation) is not run"),
         "16-out-of-memory.yaml": ("spec.trainer.parallelism", "per device; Ascend 910B has 64 GiB: raise ep"),
+        "17-kernel-dtype-missing.yaml": ("spec.kernels.dtypes", "npu-ascendc has no bf16 template for any kernel"),
     }
     for name, (field, words) in expect.items():
         assert any(name in ln and f": {field}: " in ln and words in ln for ln in lines), (name, lines)

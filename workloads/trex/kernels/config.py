@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -99,4 +100,34 @@ class KernelTuneConfig(TrexModel):
     def _check(self) -> KernelTuneConfig:
         if self.suite == "none" and not self.kernels:
             raise ValueError("kernels: must name at least one kernel when suite is 'none'")
+        problem = coverage_problem(self.backend, self.kernels, self.dtypes, [(s.kernel, s.dims) for s in self.shapes])
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+def coverage_problem(backend: str, kernels: Sequence[str], dtypes: Sequence[str],
+                     shapes: Sequence[tuple[str, dict[str, int]]]) -> str | None:
+    """One line naming the field that asks for something the backend cannot tune (a kernel without a
+    template, a dtype no selected kernel has, a shape with the wrong dimension names), or None."""
+    from trex.kernels.backends import coverage
+    from trex.kernels.suite import SUITE
+
+    have = coverage(backend)
+    for i, (name, dims) in enumerate(shapes):
+        want = SUITE[name].dim_names
+        if set(dims) != set(want):
+            return f"shapes[{i}].dims: {name} takes dims {list(want)}, got {sorted(dims)}"
+    for name in kernels:
+        if name not in have:
+            return f"kernels: backend {backend} has no template for {name} (it has {', '.join(have)})"
+        missing = [d for d in dtypes if d not in have[name]]
+        if missing:
+            return (f"dtypes: backend {backend} has no {'/'.join(missing)} template for {name} "
+                    f"(it has {'/'.join(have[name])})")
+    if not kernels:
+        unused = [d for d in dtypes if not any(d in ds for ds in have.values())]
+        if unused:
+            offered = sorted({d for ds in have.values() for d in ds})
+            return f"dtypes: backend {backend} has no {'/'.join(unused)} template for any kernel (it has {'/'.join(offered)})"
+    return None

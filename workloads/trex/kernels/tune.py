@@ -22,7 +22,7 @@ from trex.kernels.search import Budget, SearchConfig, best_node, run_search
 from trex.kernels.skills import Context, Skill, SkillLibrary
 from trex.kernels.suite import SUITE
 from trex.kernels.suite.base import KernelSpec, shape_bucket, shape_key
-from trex.kernels.tiling import plan
+from trex.kernels.tiling import plan, predicted_times
 from trex.telemetry.summary import write_termination_summary
 
 Log = Callable[[str], None]
@@ -92,8 +92,7 @@ def tune_one(spec: KernelSpec, shape: dict[str, int], dtype: str, cfg: KernelTun
         space["CHUNK"] = (backend.default_params(spec, shape)["CHUNK"],)  # scheduling chunks mean nothing serially
         fixed = {**(fixed or {}), "CHUNK": space["CHUNK"][0]}
     roof = classify(spec, shape, dtype, facts)
-    pl = plan(spec, shape, dtype, backend, facts, backend.predict, k=cfg.milp_starts, fixed=fixed,
-              capacity=backend.tile_capacity(facts))
+    pl = plan(spec, shape, dtype, backend, facts, k=cfg.milp_starts, fixed=fixed)
     ev = KernelEvaluator(spec, shape, dtype, backend, facts, samples=cfg.budget.samples, seed=cfg.seed,
                          gate_seeds=cfg.gate_seeds, predictor=backend.predict)
     starts: list[dict[str, Any]] = []
@@ -135,6 +134,11 @@ def tune_one(spec: KernelSpec, shape: dict[str, int], dtype: str, cfg: KernelTun
     measured = [(s["predicted_s"], s["median_s"]) for s in starts if s["status"] == "root"]
     measured += [(t["predicted_s"], t["median_s"]) for t in state["trials"] if t["median_s"] > 0]
     rho = spearman([a for a, _ in measured], [b for _, b in measured])
+    configs = [s["params"] for s in starts if s["status"] == "root"] + [t["params"] for t in state["trials"]
+                                                                        if t["median_s"] > 0]
+    modelled = [(m, b) for m, (_, b) in zip(predicted_times(pl.model, configs) if pl.model else [], measured,
+                                            strict=False) if m is not None]
+    rho_milp = spearman([a for a, _ in modelled], [b for _, b in modelled])
     outcomes: dict[str, int] = {}
     for t in state["trials"]:
         outcomes[t["status"]] = outcomes.get(t["status"], 0) + 1
@@ -148,7 +152,8 @@ def tune_one(spec: KernelSpec, shape: dict[str, int], dtype: str, cfg: KernelTun
         "roofline_fraction": fraction_of_roofline(spec, shape, dtype, facts, bl.tuned_s),
         "bandwidth_fraction": achieved_bandwidth_fraction(spec, shape, dtype, facts, bl.tuned_s,
                                                           int(best["params"].get("THREADS", 0))),
-        "milp_starts": starts, "milp_directions": pl.directions, "spearman": rho, "n_measured": len(measured),
+        "milp_starts": starts, "milp_directions": pl.directions, "spearman": rho, "spearman_milp": rho_milp,
+        "n_measured": len(measured),
         "predicted_vs_measured": measured, "trials": len(state["trials"]), "outcomes": outcomes,
         "skills_used": len(matches), "stop_reason": state["stop_reason"], "seconds": time.monotonic() - t0,
     })
@@ -233,11 +238,19 @@ def termination_summary(results: Sequence[Mapping[str, Any]], backend: str, fact
     """Compact outcome for the pod's termination message."""
     import math
 
-    sp = [float(r["speedup_eager"]) for r in results if r.get("speedup_eager")]
-    geo = math.exp(sum(math.log(s) for s in sp) / len(sp)) if sp else None
-    # Keys follow the operator's contract: geomeanSpeedup and kernels.<name>.speedup become status.results.
+    def geo(key: str) -> float | None:
+        sp = [float(r[key]) for r in results if r.get(key)]
+        return round(math.exp(sum(math.log(s) for s in sp) / len(sp)), 4) if sp else None
+
+    def entry(r: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"speedup": round(float(r["speedup_eager"]), 3), "params": dict(r["params"])}
+        if r.get("speedup_compile"):
+            out["speedupCompile"] = round(float(r["speedup_compile"]), 3)
+        return out
+    # Keys follow the operator's contract: geomeanSpeedup (over eager), geomeanSpeedupCompile (over torch.compile)
+    # and kernels.<kernel/dtype/shape class>.speedup / .speedupCompile become status.results; the params
+    # become the registry a TrainJob's kernelsFrom mounts.
     return {"kind": "KernelTuneJob", "backend": backend, "device": facts.name, "tuned": len(results),
-            "geomeanSpeedup": round(geo, 4) if geo is not None else None,
+            "geomeanSpeedup": geo("speedup_eager"), "geomeanSpeedupCompile": geo("speedup_compile"),
             "trials": sum(int(r["trials"]) for r in results),
-            "kernels": {f"{r['kernel']}/{r['dtype']}": {"speedup": round(float(r["speedup_eager"]), 3)}
-                        for r in results}}
+            "kernels": {f"{r['kernel']}/{r['dtype']}/{r['bucket']}": entry(r) for r in results}}

@@ -10,6 +10,7 @@ overrides one field (camelCase path, YAML value); `--print-config` prints the re
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    from trex.trainer.config import job_problems
+    from trex.trainer.config import KernelsConfig, job_problems
+
+    if cfg.kernels.registry is None and os.environ.get("TREX_KERNELS_FILE"):  # kernelsFrom's mounted registry
+        cfg = cfg.model_copy(update={"kernels": KernelsConfig(registry=os.environ["TREX_KERNELS_FILE"])})
 
     problems = job_problems(cfg, env.world_size)  # the rule `trex validate` and the operator apply
     if problems:
@@ -123,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if isinstance(trainer.loader, SampleLoader):
         summary["sftSamples"] = dict(trainer.loader.counts)
+    if cfg.kernels.registry:
+        summary["kernels"] = trainer.kernels.summary()
     if trainer.telemetry is not None:
         summary.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
                        flopsConvention=trainer.telemetry.convention)

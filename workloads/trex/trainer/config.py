@@ -386,6 +386,14 @@ class LoggingConfig(TrexModel):
     """Prometheus port (0 = TREX_METRICS_PORT or off)."""
 
 
+class KernelsConfig(TrexModel):
+    """Tuned kernels from a KernelTuneJob (see trex.trainer.kernels)."""
+
+    registry: str | None = None
+    """Kernel registry (a KernelTuneJob's registry.json or the kernels.json its kernelsFrom mounts; TREX_KERNELS_FILE
+    sets it when unset); unset = every op eager."""
+
+
 class TrainerConfig(TrexModel):
     """One training run."""
 
@@ -407,6 +415,8 @@ class TrainerConfig(TrexModel):
     """Checkpoints."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     """Logging and metrics."""
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
+    """Tuned kernels replacing RMSNorm and clamped SwiGLU where the registry has them."""
     max_steps: int = Field(default=100, gt=0, le=100_000_000)
     """Optimizer steps to run."""
     seed: int = Field(default=0, ge=0)

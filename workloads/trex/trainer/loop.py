@@ -35,6 +35,7 @@ from trex.trainer.build import build_checkpointer, build_layout, build_model_and
 from trex.trainer.config import TrainerConfig, resolved_model_values, support_problems
 from trex.trainer.data.build import build_data
 from trex.trainer.data.sources import DataError
+from trex.trainer.kernels import install_for
 from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, schedule_factor
 from trex.trainer.optim.schedule import global_batch_at, micro_steps, seq_len_at
 from trex.trainer.optim.swap import SwapOptimizers, SwapStats
@@ -251,6 +252,9 @@ class Trainer:
         self.last_checkpoint: int | None = None
         self._stop = False
         self.telemetry = self._telemetry(out, metrics_port, measure_peak) if self.rank == 0 else None
+        self.kernels = install_for(cfg, self.device.kind, self.log)
+        if self.telemetry is not None:
+            self.kernels.export(self.telemetry.exporter, self.job)
 
     # --- construction -------------------------------------------------------------------------
     def _fresh(self) -> tuple[nn.Module, Optimizers]:

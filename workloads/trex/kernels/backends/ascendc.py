@@ -39,6 +39,8 @@ from trex.kernels.suite.base import KernelSpec
 if TYPE_CHECKING:
     import torch
 
+    from trex.kernels.tiling import Solver, TilingModel
+
 
 @dataclass(frozen=True)
 class SocSpec:
@@ -65,6 +67,8 @@ ASCEND_KERNELS: dict[str, tuple[str, str]] = {
     "rope_fwd": ("rope.cpp", "trex_rope_fwd"),
     "rope_inv": ("rope.cpp", "trex_rope_inv"),
 }
+ASCEND_DTYPES: tuple[str, ...] = ("fp32",)
+"""Element types the templates are written for (their queues, Muls/ReduceSum calls and tiling are fp32)."""
 # queue slots per buffer (x BUFFER_NUM) and single scratch tiles, in TILE_LEN fp32 units
 _QUEUE_TILES = {"rmsnorm_fwd": (3, 1), "swiglu_clamp_fwd": (3, 1), "rope_fwd": (6, 1), "rope_inv": (6, 1)}
 _SCALAR_WRITERS = ("rmsnorm_fwd",)
@@ -226,7 +230,7 @@ class AscendCBackend(Backend):
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ascendc"
 
     def supports(self, spec: KernelSpec, dtype: str) -> bool:
-        return spec.name in ASCEND_KERNELS and dtype == "fp32"
+        return spec.name in ASCEND_KERNELS and dtype in ASCEND_DTYPES
 
     def param_space(self, spec: KernelSpec, shape: Mapping[str, int]) -> ParamSpace:
         cores = SOCS[self.soc].cores
@@ -269,6 +273,38 @@ class AscendCBackend(Backend):
         mem = spec.bytes_moved(shape, 4) / facts.bandwidth * (facts.cores / max(cores, 1)) ** 0.5
         issue = tiles * (1.5e-6 if int(params["BUFFER_NUM"]) == 1 else 0.6e-6)
         return float(mem + issue + 5e-6)
+
+    def tiling_model(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
+                     capacity: float | None = None) -> TilingModel:
+        """UB MILP: queue footprint (BUFFER_NUM copies of every queue tile plus scratch) within the UB, tiles
+        of whole 32-byte blocks no longer than the padded row, at most one core per row; HBM time over the
+        cores used, per-tile issue cost exposed without double buffering (a_1 = 1, a_2 = 0), launch cost."""
+        from trex.kernels.tiling import Combo, Group, TilingModel
+
+        space = self.param_space(spec, shape)
+        rows, cols, _ = _rows_cols(spec, shape)
+        cap = float(capacity if capacity is not None else self.ub_capacity())
+        forbid: dict[tuple[str, int], str] = {}
+        for t in space["TILE_LEN"]:
+            if (t * 4) % UB_ALIGN:
+                forbid[("TILE_LEN", t)] = f"TILE_LEN not a multiple of {UB_ALIGN} bytes"
+            elif t > max(256, 1 << (cols - 1).bit_length()):
+                forbid[("TILE_LEN", t)] = "TILE_LEN longer than the padded row"
+        for c in space["BLOCK_DIM"]:
+            if c > max(1, rows):
+                forbid[("BLOCK_DIM", c)] = "more cores than rows"
+        moved, fl = spec.bytes_moved(shape, 4), spec.flops(shape)
+        foot: dict[Combo, float] = {(t, b): float(ub_bytes(spec.name, {"TILE_LEN": t, "BUFFER_NUM": b}))
+                for t in space["TILE_LEN"] for b in space["BUFFER_NUM"]}
+        issue: dict[Combo, float] = {(t, b, c): -(-rows // c) * -(-cols // t) * (1.5e-6 if b == 1 else 0.6e-6)
+                 for t in space["TILE_LEN"] for b in space["BUFFER_NUM"] for c in space["BLOCK_DIM"]}
+        per_core: dict[Combo, float] = {(c,): moved / facts.bandwidth * (facts.cores / c) ** 0.5 for c in space["BLOCK_DIM"]}
+        compute: dict[Combo, float] = {(c,): fl / (facts.peak_flops * c / facts.cores) for c in space["BLOCK_DIM"]}
+        groups = (Group(("TILE_LEN", "BUFFER_NUM"), footprint=foot),
+                  Group(("TILE_LEN", "BUFFER_NUM", "BLOCK_DIM"), overhead=issue),
+                  Group(("BLOCK_DIM",), memory=per_core, compute=compute))
+        return TilingModel(space=space, levels=(("UB", cap),), groups=groups, overlap={1: 1.0, 2: 0.0},
+                           buffers="BUFFER_NUM", launch_s=5e-6, forbid=forbid)
 
     def compile(self, spec: KernelSpec, params: Mapping[str, int], dtype: str) -> AscendCompiled:
         home = cann_home()
@@ -325,21 +361,9 @@ class AscendCBackend(Backend):
 
 
 def plan_tiling(spec: KernelSpec, shape: Mapping[str, int], backend: AscendCBackend, k: int = 3,
-                solver: str = "highs") -> list[tuple[Params, AscendTiling, float]]:
-    """MILP over (TILE_LEN, BUFFER_NUM, BLOCK_DIM): UB capacity, 32-byte alignment and no tile longer than the
-    padded row as constraints, predicted time as objective; the k best feasible tilings."""
-    from trex.kernels.tiling import enumerate_configs, solve_selection
+                solver: Solver = "highs") -> list[tuple[Params, AscendTiling, float]]:
+    """The k best tilings of the UB MILP (``AscendCBackend.tiling_model``) with their host tiling structs."""
+    from trex.kernels.tiling import plan
 
-    space = backend.param_space(spec, shape)
-    configs = enumerate_configs(space)
-    facts = backend.facts()
-    rows, cols, _ = _rows_cols(spec, shape)
-    costs, weights, allowed = [], [], []
-    for c in configs:
-        costs.append(backend.predict(spec, shape, "fp32", c, facts) * 1e6)
-        weights.append(float(ub_bytes(spec.name, c)))
-        ok = (c["TILE_LEN"] * 4) % UB_ALIGN == 0 and c["TILE_LEN"] <= max(256, 1 << (cols - 1).bit_length()) \
-            and c["BLOCK_DIM"] <= max(1, rows)
-        allowed.append(ok)
-    idx = solve_selection(costs, weights, float(backend.ub_capacity()), allowed, k=k, solver=solver)  # type: ignore[arg-type]
-    return [(configs[i], make_tiling(spec, shape, configs[i], backend.soc), costs[i] / 1e6) for i in idx]
+    pl = plan(spec, shape, "fp32", backend, backend.facts(), k=k, solver=solver)
+    return [(c.params, make_tiling(spec, shape, c.params, backend.soc), c.predicted) for c in pl.ranked]

@@ -20,6 +20,8 @@ from trex.kernels.suite.base import KernelSpec, torch_dtype
 if TYPE_CHECKING:
     import torch
 
+    from trex.kernels.tiling import TilingModel
+
 Params = dict[str, int]
 ParamSpace = dict[str, tuple[int, ...]]
 
@@ -176,6 +178,14 @@ class Backend(ABC):
         from trex.kernels.roofline import predict
 
         return predict(spec, shape, dtype, params, facts)
+
+    def tiling_model(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
+                     capacity: float | None = None) -> TilingModel:
+        """The stage-1 MILP's data for one problem (default: the cpu-c model over L1/L2)."""
+        from trex.kernels.tiling import cpu_model
+
+        return cpu_model(spec, shape, dtype, self.param_space(spec, shape), facts,
+                         capacity if capacity is not None else self.tile_capacity(facts))
 
     def tile_capacity(self, facts: DeviceFacts) -> float:
         """Bytes one tile's working set may occupy (default: the private L2)."""

@@ -25,6 +25,8 @@ from trex.kernels.suite.base import KernelSpec
 if TYPE_CHECKING:
     import torch
 
+    from trex.kernels.tiling import TilingModel
+
 TRITON_KERNELS: tuple[str, ...] = (
     "rmsnorm_fwd", "swiglu_clamp_fwd", "swiglu_clamp_bwd", "rope_fwd", "rope_inv", "cross_entropy", "kl_div",
 )
@@ -152,6 +154,33 @@ class TritonBackend(Backend):
 
     def tile_capacity(self, facts: DeviceFacts) -> float:
         return float(facts.caches.get("SMEM", 228 << 10))
+
+    def tiling_model(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
+                     capacity: float | None = None) -> TilingModel:
+        """Shared-memory MILP: STAGES copies of a BLOCK-wide slice of every argument within SMEM; roofline terms scaled by the
+        occupancy of BLOCK over 32 x WARPS lanes, pipelined across stages (one stage exposes the smaller term,
+        more stages hide it), per-slice loop cost and one launch."""
+        from trex.kernels.roofline import classify
+        from trex.kernels.suite.base import elem_bytes
+        from trex.kernels.tiling import Group, TilingModel
+
+        space = self.param_space(spec, shape)
+        e = elem_bytes(dtype)
+        roof = classify(spec, shape, dtype, facts)
+        cap = float(capacity if capacity is not None else self.tile_capacity(facts))
+
+        def eff(blk: int, warps: int) -> float:
+            return 1.0 if 2 <= blk / (32.0 * warps) <= 16 else 0.6
+        pairs = [(b, w) for b in space["BLOCK"] for w in space["WARPS"]]
+        streams = len(spec.inputs) + len(spec.outputs)
+        groups = (Group(("BLOCK", "WARPS"), compute={(b, w): roof.t_compute / eff(b, w) for b, w in pairs},
+                        memory={(b, w): roof.t_memory / eff(b, w) for b, w in pairs}),
+                  Group(("BLOCK", "STAGES"), footprint={(b, st): float(st * b * e * streams)
+                                                        for b in space["BLOCK"] for st in space["STAGES"]}),
+                  Group(("BLOCK",), overhead={(b,): max(1, -(-shape.get(spec.tile_dim, 1) // b)) * 2e-8
+                                              for b in space["BLOCK"]}))
+        return TilingModel(space=space, levels=(("SMEM", cap),), groups=groups, overlap={1: 0.25, 2: 0.05, 3: 0.0},
+                           buffers="STAGES", launch_s=4e-6)
 
     def predict(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, params: Mapping[str, int],
                 facts: DeviceFacts) -> float:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+TUNED: dict[str, Callable[..., torch.Tensor | None]] = {}
+"""Tuned replacements ("rmsnorm", "swiglu") installed by trex.trainer.kernels from trainer.kernels.registry; each
+returns None when it has no kernel for the call's device, dtype and shape class, and the eager code runs."""
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -33,6 +39,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tuned = TUNED.get("rmsnorm")
+        if tuned is not None and (out := tuned(x, self.weight, self.eps)) is not None:
+            return out
         dtype = x.dtype
         if dtype == torch.float32 and self.weight.dtype == torch.float32:
             # one fused op, same math as the reference below (fp32 throughout)
@@ -89,6 +98,9 @@ def apply_rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     """silu(gate) * up with the V4 clamp: gate capped at `limit`, up clamped to [-limit, limit] (0 = off)."""
+    tuned = TUNED.get("swiglu")
+    if tuned is not None and (out := tuned(gate, up, limit)) is not None:
+        return out
     if limit > 0:
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)

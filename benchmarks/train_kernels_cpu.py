@@ -1,0 +1,102 @@
+"""The small-cpu trainer step with the tuned cpu-c kernels against without, same process, interleaved.
+
+1. Tune the kernels the trainer dispatches (RMSNorm and clamped SwiGLU, forward and backward) on exactly the
+   shape classes this run calls (``trex.trainer.kernels.trainer_kernel_shapes``), with `trex kernels tune`.
+2. Build two trainers from the same config and seed, one with ``kernels.registry`` set to that registry, and
+   alternate their optimizer steps (ABBA), switching the process's kernel dispatch before each.
+3. Print per-arm median tokens/s and MFU (same FLOPs-per-token convention and measured peak for both), their
+   ratio (goal >= 1.15x), the kernels that were active and how often each ran, and the tuning's per-kernel
+   MILP Spearman correlation (predicted vs measured over the measured candidates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from trex.config_base import load_section
+    from trex.kernels.config import KernelTuneConfig
+    from trex.kernels.tune import run as tune
+    from trex.trainer import kernels as tk
+    from trex.trainer.config import TrainerConfig, resolved_model_values
+    from trex.trainer.loop import Trainer
+    from trex.trainer.model import layers
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--preset", default="small-cpu")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=12, help="timed steps per arm (after 2 warm-up steps each)")
+    ap.add_argument("--trials", type=int, default=6, help="tuning trials per kernel shape")
+    ap.add_argument("--samples", type=int, default=30)
+    ap.add_argument("--registry", help="reuse this registry instead of tuning")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="trex-train-kernels-"))
+    data: dict[str, Any] = {"model": {"preset": args.preset}, "maxSteps": 10_000,
+                            "data": {"seqLen": args.seq_len, "microBatchSize": args.micro_batch,
+                                     "globalBatchSize": args.micro_batch},
+                            "optimizer": {"schedule": {"warmupSteps": 2}},
+                            "checkpoint": {"dir": str(work / "ckpt"), "intervalSteps": 1_000_000, "resume": False}}
+    base = load_section(TrainerConfig, data)
+    shapes = tk.trainer_kernel_shapes(resolved_model_values(base.model), args.micro_batch, [args.seq_len], "cpu")
+    registry = Path(args.registry) if args.registry else work / "tune" / "registry.json"
+    rhos: dict[str, list[float]] = {}
+    if not args.registry:
+        kernels = sorted({k for k, _ in shapes})
+        cfg = load_section(KernelTuneConfig, {
+            "suite": "none", "kernels": kernels, "output": str(work / "tune"), "compareCompile": False,
+            "shapes": [{"kernel": k, "dims": d} for k, d in shapes],
+            "budget": {"trials": args.trials * len(shapes), "seconds": 3600.0, "samples": args.samples}})
+        tune(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        import json
+
+        for r in json.loads((work / "tune" / "results.json").read_text())["results"]:
+            if r.get("spearman_milp") is not None:
+                rhos.setdefault(r["kernel"], []).append(float(r["spearman_milp"]))
+    eager = Trainer(base, work / "eager", log=lambda m: print(m, file=sys.stderr))
+    tuned_cfg = load_section(TrainerConfig, {**data, "kernels": {"registry": str(registry)}})
+    tuned = Trainer(tuned_cfg, work / "tuned", log=lambda m: print(m, file=sys.stderr), measure_peak=False)
+    assert eager.telemetry is not None and tuned.telemetry is not None
+    peak, fpt = eager.telemetry.peak_flops, eager.telemetry.flops_per_token  # one MFU denominator for both arms
+    state = tuned.kernels
+    arms: dict[str, tuple[Trainer, Any]] = {"eager": (eager, None), "tuned": (tuned, state)}
+    rows: dict[str, list[tuple[float, float]]] = {"eager": [], "tuned": []}
+    order = ["eager", "tuned"]
+    for i in range(args.steps + 2):
+        for name in (order if i % 2 == 0 else order[::-1]):
+            tr, st = arms[name]
+            layers.TUNED.clear()
+            if st is not None:
+                tk.STATE = st
+                layers.TUNED.update(tk.DISPATCH)
+            rec = tr.train_step()
+            if i >= 2:
+                tps = rec.tokens / rec.seconds
+                rows[name].append((tps, fpt * tps / peak))
+    med = {n: (statistics.median(t for t, _ in r), statistics.median(m for _, m in r)) for n, r in rows.items()}
+    print(f"preset {args.preset}, seq {args.seq_len}, micro-batch {args.micro_batch}, torch threads "
+          f"{torch.get_num_threads()}, {args.steps} interleaved steps per arm; MFU over the measured GEMM peak "
+          f"{peak / 1e12:.3f} TFLOP/s at {fpt / 1e6:.2f} MFLOP/token")
+    for n, (tps, mfu) in med.items():
+        print(f"  {n:6s} {tps:10.1f} tokens/s  MFU {100 * mfu:.3f} %")
+    print(f"tuned / eager tokens/s: {med['tuned'][0] / med['eager'][0]:.3f}x (goal >= 1.15x)")
+    print(f"active kernels: {', '.join(state.active) or 'none'}; refused: {state.refused or 'none'}")
+    print(f"tuned launches: {dict(state.calls)}")
+    if rhos:
+        print("MILP Spearman (predicted vs measured candidates) per kernel: "
+              + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in sorted(rhos.items())))
+    print(f"registry {registry}; wall time {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+"""Tuned kernels inside training: a KernelTuneJob's registry replaces the trainer's RMSNorm and clamped SwiGLU.
+
+``trainer.kernels.registry`` (the operator mounts a KernelTuneJob's registry and sets TREX_KERNELS_FILE when a
+TrainJob names it in ``kernelsFrom``) lists tuned configurations per kernel, shape class (each dim rounded up
+to a power of two) and dtype. At load, every entry for this device's backend whose shape class the run uses
+(``trainer_kernel_shapes``) is compiled and checked against the eager op on the run's own shape; a kernel that
+fails to build or disagrees beyond its declared tolerance is refused (log line, metric, termination summary)
+and the eager op stays. Accepted kernels run as torch custom ops (``torch.ops.trex.*``, registered with
+autograd formulas and fake implementations so autocast, FSDP2 and torch.compile see ordinary ops) through
+the single dispatch point ``trex.trainer.model.layers.TUNED``; a call whose device, dtype or shape class has
+no accepted kernel runs the eager code.
+
+Covered: RMSNorm forward and backward, clamped SwiGLU forward and backward. RoPE, the fused cross-entropy,
+router top-k and grouped GEMM have suite kernels but no dispatch point in the model yet.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trex.kernels.backends.base import Backend, Compiled
+from trex.kernels.suite import SUITE
+from trex.kernels.suite.base import shape_bucket
+from trex.trainer.model import layers
+
+if TYPE_CHECKING:
+    from trex.trainer.config import TrainerConfig
+
+BACKEND_FOR_DEVICE = {"cpu": "cpu-c", "cuda": "cuda-triton", "npu": "npu-ascendc"}
+OPS: dict[str, tuple[str, str]] = {"rmsnorm": ("rmsnorm_fwd", "rmsnorm_bwd"),
+                                   "swiglu": ("swiglu_clamp_fwd", "swiglu_clamp_bwd")}
+"""Dispatch name in layers.TUNED -> (forward kernel, backward kernel)."""
+DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+@dataclass
+class KernelState:
+    """What the run loaded: accepted kernels by (kernel, dtype, shape class), refusals, and calls made."""
+
+    compiled: dict[tuple[str, str, str], Compiled] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    """'kernel/dtype/bucket' -> why it was refused."""
+    calls: Counter[str] = field(default_factory=Counter)
+    """Tuned launches per kernel name."""
+    _rebound: dict[tuple[str, str, str, tuple[float, ...]], Compiled] = field(default_factory=dict)
+
+    @property
+    def active(self) -> list[str]:
+        """'kernel/dtype/bucket' of every accepted kernel."""
+        return sorted("/".join(k) for k in self.compiled)
+
+    def summary(self) -> dict[str, Any]:
+        """The termination summary's (and so TrainJob status.results') ``kernels`` entry."""
+        return {"active": self.active, "refused": dict(sorted(self.refused.items()))}
+
+    def export(self, exporter: Any, job: str) -> None:
+        """trex_train_kernel_active / trex_train_kernel_refused, one series per kernel/dtype/bucket."""
+        for k in self.active:
+            exporter.metric("trex_train_kernel_active", job_name=job, kernel=k).set(1)
+        for k in self.refused:
+            exporter.metric("trex_train_kernel_refused", job_name=job, kernel=k).set(1)
+
+    def launcher(self, kernel: str, dtype: str, bucket: str, scalars: Mapping[str, float]) -> Compiled | None:
+        """The accepted kernel for this call with the call's scalars bound (eps, limit), or None."""
+        comp = self.compiled.get((kernel, dtype, bucket))
+        if comp is None:
+            return None
+        key = (kernel, dtype, bucket, tuple(float(v) for v in scalars.values()))
+        if key not in self._rebound:
+            c = copy.copy(comp)
+            c.spec = dataclasses.replace(comp.spec, scalars={**comp.spec.scalars, **scalars})
+            self._rebound[key] = c
+        return self._rebound[key]
+
+
+STATE = KernelState()
+"""The process's loaded kernels (the custom ops read it; ``install`` replaces it)."""
+
+
+def _launch(kernel: str, inputs: dict[str, torch.Tensor], scalars: Mapping[str, float]) -> dict[str, torch.Tensor] | None:
+    """Run the accepted kernel on 2-D contiguous inputs (rows x cols); None when none is accepted for them."""
+    first = next(iter(inputs.values()))
+    rows, cols = first.shape
+    dtype = DTYPES.get(first.dtype)
+    comp = STATE.launcher(kernel, dtype, shape_bucket({"rows": rows, "cols": cols}), scalars) if dtype else None
+    if comp is None:
+        return None
+    spec, shape = comp.spec, {"rows": int(rows), "cols": int(cols)}
+    from trex.kernels.suite.base import torch_dtype
+
+    outs = {b.name: torch.empty(b.shape(shape), dtype=torch_dtype(b.role, dtype or "fp32"), device=first.device)
+            for b in spec.outputs}
+    comp.bind({k: v.contiguous() for k, v in inputs.items()}, outs, shape)()
+    STATE.calls[kernel] += 1
+    return outs
+
+
+# ---- custom ops -------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("trex::rmsnorm_fwd", mutates_args=())
+def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = x * rsqrt(mean(x^2) + eps) * w over the last dim of a 2-D x, and rstd (fp32) per row."""
+    out = _launch("rmsnorm_fwd", {"x": x, "w": w}, {"eps": eps})
+    if out is None:
+        ref = SUITE["rmsnorm_fwd"].eager({"x": x, "w": w}, {}, {"eps": eps})
+        return ref["y"].contiguous(), ref["rstd"].contiguous()
+    return out["y"], out["rstd"]
+
+
+@rmsnorm_fwd.register_fake
+def _rmsnorm_fwd_fake(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), x.new_empty((x.shape[0],), dtype=torch.float32)
+
+
+@torch.library.custom_op("trex::rmsnorm_bwd", mutates_args=())
+def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx and dw (fp32) of rmsnorm_fwd."""
+    t = {"dy": dy, "x": x, "w": w, "rstd": rstd}
+    out = _launch("rmsnorm_bwd", t, {"eps": eps})
+    if out is None:
+        ref = SUITE["rmsnorm_bwd"].eager(t, {}, {"eps": eps})
+        return ref["dx"].contiguous(), ref["dw"].contiguous()
+    return out["dx"], out["dw"]
+
+
+@rmsnorm_bwd.register_fake
+def _rmsnorm_bwd_fake(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), w.new_empty(w.shape, dtype=torch.float32)
+
+
+def _rmsnorm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    x, w, eps = inputs
+    ctx.save_for_backward(x, w, output[1])
+    ctx.eps = eps
+
+
+def _rmsnorm_backward(ctx: Any, dy: torch.Tensor, _drstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    x, w, rstd = ctx.saved_tensors
+    dx, dw = rmsnorm_bwd(dy.contiguous(), x, w, rstd, ctx.eps)
+    return dx, dw.to(w.dtype), None
+
+
+rmsnorm_fwd.register_autograd(_rmsnorm_backward, setup_context=_rmsnorm_setup)
+
+
+@torch.library.custom_op("trex::swiglu_fwd", mutates_args=())
+def swiglu_fwd(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu(min(g, limit)) * clamp(u, -limit, limit) of 2-D g, u."""
+    out = _launch("swiglu_clamp_fwd", {"g": g, "u": u}, {"limit": limit})
+    if out is None:
+        return SUITE["swiglu_clamp_fwd"].eager({"g": g, "u": u}, {}, {"limit": limit})["y"].contiguous()
+    return out["y"]
+
+
+@swiglu_fwd.register_fake
+def _swiglu_fwd_fake(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
+    return torch.empty_like(g)
+
+
+@torch.library.custom_op("trex::swiglu_bwd", mutates_args=())
+def swiglu_bwd(dy: torch.Tensor, g: torch.Tensor, u: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """dg, du of swiglu_fwd (torch.clamp's gradient convention)."""
+    t = {"dy": dy, "g": g, "u": u}
+    out = _launch("swiglu_clamp_bwd", t, {"limit": limit})
+    if out is None:
+        ref = SUITE["swiglu_clamp_bwd"].eager(t, {}, {"limit": limit})
+        return ref["dg"].contiguous(), ref["du"].contiguous()
+    return out["dg"], out["du"]
+
+
+@swiglu_bwd.register_fake
+def _swiglu_bwd_fake(dy: torch.Tensor, g: torch.Tensor, u: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(g), torch.empty_like(u)
+
+
+def _swiglu_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    g, u, limit = inputs
+    ctx.save_for_backward(g, u)
+    ctx.limit = limit
+
+
+def _swiglu_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    g, u = ctx.saved_tensors
+    dg, du = swiglu_bwd(dy.contiguous(), g, u, ctx.limit)
+    return dg, du, None
+
+
+swiglu_fwd.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+# ---- dispatch (layers.TUNED) --------------------------------------------------------------------------------------
+
+
+def _plain(*ts: torch.Tensor) -> bool:
+    """Ordinary dense tensors of one supported dtype (DTensors and mixed dtypes stay on the eager path)."""
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in ts) and len({t.dtype for t in ts}) == 1 \
+        and ts[0].dtype in DTYPES
+
+
+def _has(kernel: str, x: torch.Tensor) -> bool:
+    rows = x.numel() // max(1, x.shape[-1])
+    return (kernel, DTYPES[x.dtype], shape_bucket({"rows": rows, "cols": x.shape[-1]})) in STATE.compiled
+
+
+def tuned_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """RMSNorm through the tuned kernel, or None when there is none for this call."""
+    if not _plain(x, w) or not _has("rmsnorm_fwd", x):
+        return None
+    y, _ = rmsnorm_fwd(x.reshape(-1, x.shape[-1]), w, float(eps))
+    out: torch.Tensor = y.reshape(x.shape)
+    return out
+
+
+def tuned_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor | None:
+    """Clamped SwiGLU through the tuned kernel (``limit`` 0 = no clamp), or None when there is none."""
+    if not _plain(gate, up) or gate.shape != up.shape or not _has("swiglu_clamp_fwd", gate):
+        return None
+    lim = float(limit) if limit > 0 else math.inf
+    y: torch.Tensor = swiglu_fwd(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]), lim)
+    return y.reshape(gate.shape)
+
+
+DISPATCH: dict[str, Callable[..., torch.Tensor | None]] = {"rmsnorm": tuned_rmsnorm, "swiglu": tuned_swiglu}
+
+
+# ---- the run's shapes and loading ---------------------------------------------------------------------------------
+
+
+def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens: list[int],
+                          device: str) -> list[tuple[str, dict[str, int]]]:
+    """(kernel, dims) of every RMSNorm and SwiGLU call a run of this model shape makes: rows are the tokens of a
+    micro-batch (routed experts: tokens x experts per token, plus the CPU group padding), cols the normalised
+    or activated width. These are the shapes a KernelTuneJob should tune for this TrainJob."""
+    from trex.trainer.model.moe import CPU_GROUP_ROWS
+
+    hidden = int(values["hidden_size"])
+    norm_cols = {hidden}
+    if values.get("attention") == "mla":
+        norm_cols |= {int(values["kv_lora_rank"])} | ({int(values["q_lora_rank"])} if values.get("q_lora_rank") else set())
+    n_exp, k = int(values["n_routed_experts"]), int(values["experts_per_token"])
+    moe_layers = int(values["num_layers"]) > int(values["n_dense_layers"]) or int(values.get("mtp_depth", 0)) > 0
+    out: dict[tuple[str, str], tuple[str, dict[str, int]]] = {}
+
+    def add(kernel: str, rows: int, cols: int) -> None:
+        dims = {"rows": rows, "cols": cols}
+        out[(kernel, shape_bucket(dims))] = (kernel, dims)
+    for seq in sorted(set(seq_lens)):
+        tokens = micro_batch * seq
+        for c in norm_cols:
+            for kern in OPS["rmsnorm"]:
+                add(kern, tokens, c)
+        act: list[tuple[int, int]] = []
+        if int(values["n_dense_layers"]) > 0:
+            act.append((tokens, int(values["intermediate_size"])))
+        if moe_layers:
+            moe = int(values["moe_intermediate_size"])
+            if int(values.get("n_shared_experts", 0)) > 0:
+                act.append((tokens, moe * int(values["n_shared_experts"])))
+            routed = tokens * k
+            top = routed + (n_exp * (CPU_GROUP_ROWS - 1) if device == "cpu" else 0)
+            r = routed
+            while True:  # every power-of-two class the padded routed row count can fall in
+                act.append((min(r, top), moe))
+                if r >= top:
+                    break
+                r = 1 << r.bit_length()
+        for rows, cols in act:
+            for kern in OPS["swiglu"]:
+                add(kern, rows, cols)
+    return sorted(out.values(), key=lambda kv: (kv[0], sorted(kv[1].items())))
+
+
+def install_for(cfg: TrainerConfig, device: str, log: Callable[[str], None]) -> KernelState:
+    """``install`` with this config's registry, model shape, micro-batch and sequence lengths."""
+    from trex.trainer.config import resolved_model_values
+
+    seqs = [cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)]
+    return install(cfg.kernels.registry, resolved_model_values(cfg.model), cfg.data.micro_batch_size, seqs, device, log)
+
+
+def check_kernel(comp: Compiled, shape: Mapping[str, int], dtype: str, scalars: Mapping[str, float]) -> str | None:
+    """Compare the compiled kernel with the eager op on ``shape`` (suite inputs, two seeds) within the kernel's
+    declared tolerance; the reason it disagrees, or None."""
+    from trex.kernels.verify import check_outputs
+
+    spec = dataclasses.replace(comp.spec, scalars={**comp.spec.scalars, **scalars})
+    bound = copy.copy(comp)
+    bound.spec = spec
+    for seed in (0, 1):
+        inputs = spec.make_inputs(shape, dtype, 7 + seed)
+        try:
+            outs = bound(inputs, shape)
+        except Exception as e:  # a kernel that crashes is refused, not fatal
+            return f"raised {type(e).__name__}: {e}"
+        eager = {k: v.double() for k, v in spec.eager(inputs, shape, spec.scalars).items()}
+        why = check_outputs(spec, dtype, inputs, outs, eager, shape)
+        if why:
+            return f"disagrees with eager on rows={shape['rows']} cols={shape['cols']}: {why}"
+    return None
+
+
+def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch: int, seq_lens: list[int],
+            device: str, log: Callable[[str], None], backend: Backend | None = None) -> KernelState:
+    """Load, compile and check the registry's kernels for this run's shapes; route the accepted ones through
+    layers.TUNED. No registry (or none for this device) leaves every op eager."""
+    global STATE
+    STATE = KernelState()
+    layers.TUNED.clear()
+    if not registry:
+        return STATE
+    from trex.kernels import registry as reg
+    from trex.kernels.backends import get_backend
+
+    try:
+        data = reg.load(registry)
+    except (OSError, ValueError) as e:
+        STATE.refused["registry"] = f"unreadable: {e}"
+        log(f"kernels: registry {registry} refused ({e}); every op stays eager")
+        return STATE
+    want = BACKEND_FOR_DEVICE.get(device, "")
+    if data.get("backend") != want:
+        STATE.refused["registry"] = f"backend {data.get('backend')} does not run on {device} (needs {want})"
+        log(f"kernels: registry {registry} is for {data.get('backend')}, this run is on {device}; every op stays eager")
+        return STATE
+    be = backend or get_backend(want)
+    scalars = {"eps": float(values.get("norm_eps", 1e-6)), "limit": float(values.get("swiglu_limit", 0.0)) or math.inf}
+    for kernel, dims in trainer_kernel_shapes(values, micro_batch, seq_lens, device):
+        spec = SUITE[kernel]
+        mine = {k: v for k, v in scalars.items() if k in spec.scalars}
+        for dtype in ("fp32", "bf16"):
+            entry = reg.lookup(data, kernel, dims, dtype)
+            if entry is None:
+                continue
+            key = f"{kernel}/{dtype}/{shape_bucket(dims)}"
+            try:
+                comp = be.compile(spec, entry["params"], dtype)
+                why = check_kernel(comp, dims, dtype, mine)
+            except Exception as e:  # a build failure refuses the kernel, never the run
+                why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+            if why:
+                STATE.refused[key] = why
+                log(f"kernels: refused {key}: {why}")
+                continue
+            STATE.compiled[(kernel, dtype, shape_bucket(dims))] = comp
+    if STATE.compiled:
+        layers.TUNED.update(DISPATCH)
+        log(f"kernels: {len(STATE.compiled)} tuned kernel(s) active from {registry}: {', '.join(STATE.active)}")
+    return STATE
