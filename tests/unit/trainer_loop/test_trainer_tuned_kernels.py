@@ -32,7 +32,10 @@ def _cfg(tmp: Path, registry: Path | None, dense: bool = False) -> TrainerConfig
     data: dict[str, Any] = {
         "model": model, "maxSteps": STEPS,
         "data": {"seqLen": 32, "microBatchSize": 2, "globalBatchSize": 2},
-        "optimizer": {"schedule": {"warmupSteps": 2}},
+        # A fifth of the default LRs: the loss still falls (6.28 -> 5.80 in 20 steps), and Muon's orthogonalised
+        # updates do not amplify the kernels' rounding into a chaotic trajectory (at the default LRs the 20-step
+        # losses drift 1e-3 apart for one initial-weights draw and 5e-4 for another).
+        "optimizer": {"schedule": {"warmupSteps": 2}, "muon": {"lr": 0.004}, "adamw": {"lr": 0.0004}},
         "checkpoint": {"dir": str(tmp / "ckpt"), "intervalSteps": 1000, "resume": False},
         "deterministic": True,
     }
@@ -82,12 +85,13 @@ def test_tuned_kernels_are_used_and_training_matches_eager(tmp_path: Path, backe
                                                                 "swiglu_clamp_bwd"}
         calls = tr.kernels.calls
         assert all(calls[k] >= STEPS for k in ("rmsnorm_fwd", "rmsnorm_bwd", "swiglu_clamp_fwd", "swiglu_clamp_bwd")), calls
-        # the kernels' declared fp32 tolerance is 1e-4 relative per op: step 1 (one forward) agrees to it; over
-        # 20 steps the optimizer compounds the differences (measured: at most 5e-4), and the losses stay within
-        # 10x the per-op tolerance. Weights are not compared: Muon orthogonalises each update, which turns 1e-7
-        # gradient differences in near-null directions into unit-size update differences.
+        # the kernels' declared fp32 tolerance is 1e-4 relative per op: step 1 (one forward) agrees to it, and so
+        # do the 20 steps' losses at these LRs (measured: at most 3e-5). Weights are not compared: Muon
+        # orthogonalises each update, which turns 1e-7 gradient differences in near-null directions into
+        # unit-size update differences.
         assert losses[0] == pytest.approx(eager_losses[0], rel=1e-4)
-        assert losses == pytest.approx(eager_losses, rel=1e-3)
+        assert losses == pytest.approx(eager_losses, rel=1e-4)
+        assert eager_losses[-1] < eager_losses[0] - 0.3  # it trains
         assert losses != eager_losses  # the tuned kernels really ran (bit-identical would mean eager did)
         assert tr.kernels.summary()["active"] == tr.kernels.active
     finally:
