@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import trex.trainer.build as build_mod
+from optimizer_states import assert_identical
 from trex.config_base import load_section
 from trex.runtime.copy_engine import LatencyCopyEngine
 from trex.trainer.config import TrainerConfig
@@ -100,17 +101,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert sorted(a) == sorted(b)
-    assert any(k.endswith("momentum_buffer") for k in a) and any(k.endswith("exp_avg_sq") for k in a)
-    for k, v in a.items():
-        assert torch.equal(v, b[k]), k
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_swap_at_two_ranks_is_bit_identical(layout: str, runs: Path) -> None:
     load = {v: torch.load(runs / f"{layout}-{v}.pt") for v in VARIANTS}
-    _identical(load["off"], load["on"])
-    _identical(load["in-place"], load["small"])
-    _identical(load["off"], load["recompute"])
+    assert_identical(load["off"], load["on"])
+    assert_identical(load["in-place"], load["small"])
+    assert_identical(load["off"], load["recompute"])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import trex.trainer.build as build_mod
+from optimizer_states import assert_identical
 from trex.config_base import load_section
 from trex.runtime.copy_engine import LatencyCopyEngine
 from trex.trainer.config import TrainerConfig
@@ -50,13 +51,6 @@ def _states(tr: Trainer) -> dict[str, torch.Tensor]:
             for key, val in state.items():
                 out[f"{names[id(p)]}.{key}"] = val.detach().clone()
     return out
-
-
-def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert sorted(a) == sorted(b)
-    assert any(k.endswith("momentum_buffer") for k in a) and any(k.endswith("exp_avg_sq") for k in a)
-    for k, v in a.items():
-        assert torch.equal(v, b[k]), k
 
 
 @pytest.fixture
@@ -111,7 +105,7 @@ def test_swap_is_bit_identical_to_no_swap(dtype: str, tmp_path: Path,
                                           reference: dict[str, dict[str, torch.Tensor]]) -> None:
     tr = _run(tmp_path, dtype, True)  # the CPU thread engine, one bucket per optimizer at bucketMb 256
     assert isinstance(tr.opts, SwapOptimizers)
-    _assert_identical(reference[dtype], _states(tr))
+    assert_identical(reference[dtype], _states(tr))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -119,7 +113,7 @@ def test_swap_under_random_copy_delays_is_bit_identical(dtype: str, tmp_path: Pa
                                                         bucketed: dict[str, dict[str, torch.Tensor]]) -> None:
     tr = _run(tmp_path, dtype, True)
     assert isinstance(tr.opts, SwapOptimizers) and len(tr.opts.buckets) >= 8
-    _assert_identical(bucketed[dtype], _states(tr))
+    assert_identical(bucketed[dtype], _states(tr))
     stats = tr.opts.last
     assert stats is not None and stats.copy_seconds > 0 and 0 <= stats.overlap_ratio <= 1
     # every state lives in its host copy between steps; the device held two bucket buffers during the step
@@ -163,4 +157,4 @@ def test_checkpoint_and_resume_with_swap_equals_an_uninterrupted_run(tmp_path: P
                      log=lambda _m: None)
     second.run(STEPS)
     assert second.step == STEPS
-    _assert_identical(bucketed["fp32"], _states(second))
+    assert_identical(bucketed["fp32"], _states(second))

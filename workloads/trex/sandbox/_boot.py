@@ -616,6 +616,19 @@ def _drop_privileges(network: bool, uid: str = "") -> None:
         raise OSError(ctypes.get_errno(), "trex.sandbox: cannot install the seccomp filter")
 
 
+def _take_over(msg: dict[str, Any], status_fd: int, out_fd: int, err_fd: int) -> dict[str, Any]:
+    """A fork-server child becomes the run's process: reports its pid, takes the run's stdio (stdin from
+    /dev/null) and environment; returns the run's config."""
+    os.write(status_fd, f"pid {os.getpid()}\n".encode())
+    null = os.open(os.devnull, os.O_RDONLY)
+    for src, dst in ((null, 0), (out_fd, 1), (err_fd, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    os.environ.clear()
+    os.environ.update(msg["env"])
+    return parse_config(msg["argv"])
+
+
 def _warm_job(msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
     """Fork-server child in the warm sandbox: private mount/PID/IPC/UTS/network namespaces, a tmpfs work
     folder with the quota, a read-only view of everything else; its child (PID 1 of the run) mounts a
@@ -628,14 +641,7 @@ def _warm_job(msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
     if msg.get("cgroup"):
         os.write(fds[6], b"0")  # an opened cgroup.procs of the run's pids cgroup: "0" moves this process
         os.close(fds[6])
-    os.write(status_fd, f"pid {os.getpid()}\n".encode())
-    null = os.open(os.devnull, os.O_RDONLY)
-    for src, dst in ((null, 0), (out_fd, 1), (err_fd, 2)):
-        os.dup2(src, dst)
-        os.close(src)
-    cfg = parse_config(msg["argv"])
-    os.environ.clear()
-    os.environ.update(msg["env"])
+    cfg = _take_over(msg, status_fd, out_fd, err_fd)
     try:
         _unshare(_CLONE_NEWNS | CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS | CLONE_NEWNET)
         _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
@@ -810,16 +816,9 @@ def _job(payload: bytes, fds: list[int]) -> dict[str, Any]:
     os.setsid()
     out_fd, err_fd, status_fd, records_fd = fds[:4]
     msg = json.loads(payload)
-    os.write(status_fd, f"pid {os.getpid()}\n".encode())
-    null = os.open(os.devnull, os.O_RDONLY)
-    for src, dst in ((null, 0), (out_fd, 1), (err_fd, 2)):
-        os.dup2(src, dst)
-        os.close(src)
-    cfg = parse_config(msg["argv"])
-    cfg["records_fd"] = records_fd
     os.chdir("/")
-    os.environ.clear()
-    os.environ.update(msg["env"])
+    cfg = _take_over(msg, status_fd, out_fd, err_fd)
+    cfg["records_fd"] = records_fd
     try:
         _setup(cfg)
         if cfg["mode"] == "kernel-fs":
