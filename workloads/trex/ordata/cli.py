@@ -79,6 +79,12 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"trex ordata: invalid config: shard-index {idx} is outside [0, {num})", file=sys.stderr)
         return 2
     exporter = _exporter(args.metrics_port)
+    if exporter is not None:
+        # Every family's accepted counter starts at 0 and Prometheus sees it before any work: a shard that finishes
+        # within one scrape interval still leaves two samples per series (0, then its final count) for rate().
+        for fam in cfg.families:
+            exporter.metric("trex_ordata_samples_total", family=fam.name, outcome="accepted")
+        exporter.wait_for_scrape()
     from trex.telemetry.summary import write_termination_summary
 
     summary: dict[str, Any] = {"kind": "ORDataJob", "shards": []}
