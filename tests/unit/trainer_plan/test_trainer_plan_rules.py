@@ -78,7 +78,7 @@ def test_recompute_shrinks_the_planned_activations_and_swap_the_states() -> None
 def test_pp_and_opd_are_rejected_before_any_pod() -> None:
     assert _problems({"devicesPerReplica": 2, "trainer": {"parallelism": {"pp": 2}}}) == [
         "spec.trainer.parallelism.pp: 2: pipeline parallelism is not run by `trex train` yet; set 1"]
-    [opd] = _problems({"trainer": {"mode": "opd", "teacherUrl": "http://t:8000/v1"}})
+    [opd] = _problems({"trainer": {"mode": "opd", "opd": {"teachers": [{"path": "/t"}], "prompts": "/p.jsonl"}}})
     assert opd.startswith("spec.trainer.mode: 'opd'")
 
 

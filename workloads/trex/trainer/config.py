@@ -394,6 +394,79 @@ class KernelsConfig(TrexModel):
     sets it when unset); unset = every op eager."""
 
 
+class TeacherConfig(TrexModel):
+    """One teacher of on-policy distillation: a model folder and its weight in the loss."""
+
+    name: str | None = None
+    """A TrainJob in the same namespace whose Hugging Face export teaches (resolved by the operator)."""
+    path: str | None = None
+    """A Hugging Face export folder (config.json + safetensors) or a trex checkpoint folder (its newest
+    verified step with a Hugging Face export, checkpoint.exportHfEvery), or one step-N folder of it."""
+    weight: float = Field(default=1.0, gt=0, le=1e6)
+    """w_i: this teacher's reverse-KL weight in the loss sum_i w_i KL(student || teacher_i)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TeacherConfig:
+        if (self.name is None) == (self.path is None):
+            raise ValueError("name: give exactly one of name (a TrainJob) and path (a model folder)")
+        return self
+
+    @property
+    def label(self) -> str:
+        """How prompts name this teacher and metrics label it."""
+        return self.name if self.name is not None else str(self.path)
+
+
+class OPDSampling(TrexModel):
+    """How the student samples its own responses to the prompts (trex.trainer.rollout)."""
+
+    temperature: float = Field(default=1.0, ge=0, le=100)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus mass (1 = off)."""
+    top_k: int = Field(default=0, ge=0, le=1_048_576)
+    """Top-k (0 = off)."""
+    max_new_tokens: int = Field(default=64, gt=0, le=1_048_576)
+    """Response length cap (tokens)."""
+    stop_tokens: list[int] = Field(default_factory=list)
+    """Token ids ending a response (kept as its last token)."""
+
+
+class OPDConfig(TrexModel):
+    """On-policy distillation (mode opd): the student samples responses to prompts and minimises
+    sum_i w_i KL(p_student || p_teacher_i) over the response tokens, exactly over the whole vocabulary."""
+
+    teachers: list[TeacherConfig] = Field(default_factory=list, max_length=64)
+    """Teachers (at least one with mode opd). A prompt record's "teacher" (a name or path) picks its
+    teacher; without it every teacher scores the sample."""
+    estimator: Literal["full-vocab", "sampled-token"] = "full-vocab"
+    """full-vocab: the exact KL over the vocabulary (chunked, fused with both heads); sampled-token: the
+    log-ratio at the sampled token with its score-function gradient (for comparison)."""
+    prompts: str | None = None
+    """JSONL prompt file: one {"prompt": text} per line (optional "teacher"), tokenized by the run's tokenizer
+    and cycled through in order; required with mode opd."""
+    prompts_per_step: int = Field(default=4, gt=0, le=65_536)
+    """Prompts per optimizer step."""
+    samples_per_prompt: int = Field(default=2, gt=0, le=1024)
+    """Responses sampled per prompt."""
+    sampling: OPDSampling = Field(default_factory=OPDSampling)
+    """Sampling of the responses."""
+    chunk_size: int = Field(default=1024, gt=0, le=1_048_576)
+    """Tokens per chunk of the fused KL ([chunkSize, V] logits per model at a time)."""
+    cache_bytes: int = Field(default=1 << 30, ge=0)
+    """Host memory for the teachers' cached hidden states; beyond it they spill to disk."""
+    cache_dir: str | None = None
+    """Spill folder of the hidden-state cache (unset = <checkpoint.dir>/teacher-cache)."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> OPDConfig:
+        labels = [t.label for t in self.teachers]
+        for i, label in enumerate(labels):
+            if label in labels[:i]:
+                raise ValueError(f"teachers.{i}: teacher {label!r} is listed twice")
+        return self
+
+
 class TrainerConfig(TrexModel):
     """One training run."""
 
@@ -428,16 +501,18 @@ class TrainerConfig(TrexModel):
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recompute (torch.utils.checkpoint): selective recomputes the attention and the routed
     experts (with their token dispatch) in the backward, full every transformer block."""
-    teacher_url: str | None = None
-    """opd: OpenAI-compatible endpoint of the teacher model."""
+    opd: OPDConfig = Field(default_factory=OPDConfig)
+    """On-policy distillation (mode opd): teachers, estimator, prompts and sampling."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
         if self.routing.mtp_weight_drop_step is None:
             start = lr_decay_start(self.optimizer.schedule)
             self.routing.mtp_weight_drop_step = NEVER if start is None else start
-        if self.mode == "opd" and not self.teacher_url:
-            raise ValueError("teacherUrl: required when mode is 'opd' (on-policy distillation needs a teacher)")
+        if self.mode == "opd" and not self.opd.teachers:
+            raise ValueError("opd.teachers: at least one teacher is required when mode is 'opd'")
+        if self.mode == "opd" and not self.opd.prompts:
+            raise ValueError("opd.prompts: a JSONL prompt file is required when mode is 'opd'")
         if self.data.global_batch_size % self.data.micro_batch_size:
             raise ValueError(
                 f"data.globalBatchSize: {self.data.global_batch_size} must be a multiple of "
