@@ -3,11 +3,11 @@
 The student's and the teacher's logits are made from their pre-head hidden states and head weights one
 chunk of tokens at a time (``h @ W^T``), both log-sum-exps are taken in the same pass, and the per-token
 KL sum_v p_s (log p_s - log p_t) is reduced before the next chunk: no more than a chunk of [T, V] logits is
-ever alive. The backward recomputes each chunk's logits and applies the closed form
-d KL / d z_s = p_s * (log p_s - log p_t - KL), giving the gradients of the student's hidden states and head
-weight (the teacher is a constant). With ``group`` the heads are sharded on the vocabulary over a
-tensor-parallel group: the maxima, the exp-sums and the KL are all-reduced over it, and the hidden
-states' gradient (each rank's share of the vocabulary) is summed over it in the backward.
+ever alive. While the chunk is there, the closed form d KL / d z_s = p_s * (log p_s - log p_t - KL) gives
+its share of the gradients of the student's hidden states and head weight (the teacher is a constant),
+so the logits are made once, not again in the backward. With ``group`` the heads are sharded on the
+vocabulary over a tensor-parallel group: the maxima, the exp-sums and the KL are all-reduced over it, and
+the hidden states' gradient (each rank's share of the vocabulary) is summed over it.
 
 The ``sampled-token`` estimator is the cheap comparison: its value is log p_s(y) - log p_t(y) at the sampled
 token y and its gradient the score-function estimate (log p_s(y) - log p_t(y)) * grad log p_s(y), unbiased
@@ -57,7 +57,12 @@ def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _ChunkedKL(torch.autograd.Function):
-    """sum_i c_i * KL_i(h_s, W_s, h_t, W_t); outputs (loss, per-token KL, per-token student entropy)."""
+    """sum_i c_i * KL_i(h_s, W_s, h_t, W_t); outputs (loss, per-token KL, per-token student entropy).
+
+    Each chunk's logits are made once: the same pass reduces the KL and, when a gradient is wanted, turns
+    the chunk into d(loss)/d(z_s) and multiplies it into both student gradients ([N, D] and [V, D], never
+    [N, V]); the backward only scales them by the incoming gradient (four GEMMs per chunk in all, as many
+    as the unfused forward and backward)."""
 
     @staticmethod
     def forward(ctx: Any, hs: torch.Tensor, ws: torch.Tensor, ht: torch.Tensor, wt: torch.Tensor,
@@ -65,59 +70,57 @@ class _ChunkedKL(torch.autograd.Function):
                 vocab_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dtype = torch.float64 if hs.dtype == torch.float64 else torch.float32
         n = hs.shape[0]
+        need_h, need_w = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
         kl = torch.empty(n, dtype=dtype, device=hs.device)
         ent = torch.empty(n, dtype=dtype, device=hs.device)
+        grad_h = torch.empty(hs.shape, dtype=dtype, device=hs.device) if need_h else None
+        grad_w = torch.zeros(ws.shape, dtype=dtype, device=ws.device) if need_w else None
+        scale = coef.to(dtype)
         with torch.autocast(hs.device.type, enabled=False):
             wsc, wtc = ws.to(dtype), wt.to(dtype)
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)
-                lps = _log_softmax(hs[s:e].to(dtype) @ wsc.T, group)
+                hc = hs[s:e].to(dtype)
+                lps = _log_softmax(hc @ wsc.T, group)
                 lpt = _log_softmax(ht[s:e].to(dtype) @ wtc.T, group)
                 ps = lps.exp()
                 ent[s:e] = _all_reduce(-_rowdot(ps, lps), group, "sum")
+                diff = lps.sub_(lpt)  # log p_s - log p_t, in place of log p_s
+                del lpt
                 if sampled:
                     assert tokens is not None
-                    kl[s:e] = _pick(lps.sub_(lpt), tokens[s:e], vocab_start, group)
+                    kl[s:e] = _pick(diff, tokens[s:e], vocab_start, group)
                 else:
-                    kl[s:e] = _all_reduce(_rowdot(ps, lps.sub_(lpt)), group, "sum")
-        ctx.save_for_backward(hs, ws, ht, wt, coef, kl, tokens if tokens is not None else kl.new_empty(0))
-        ctx.opts = (sampled, chunk, group, vocab_start, dtype)
+                    kl[s:e] = _all_reduce(_rowdot(ps, diff), group, "sum")
+                if grad_h is None and grad_w is None:
+                    continue
+                if sampled:  # d/dz [c * log p_s(y)] = c * (onehot(y) - p_s), c = the log-ratio (a constant)
+                    g = ps.neg_()
+                    local = tokens[s:e] - vocab_start  # type: ignore[index]
+                    rows = ((local >= 0) & (local < g.shape[1])).nonzero().squeeze(1)
+                    g[rows, local[rows]] += 1.0
+                    g.mul_((kl[s:e] * scale[s:e])[:, None])
+                else:  # d KL / d z_s = p_s * (log p_s - log p_t - KL)
+                    g = diff.sub_(kl[s:e, None]).mul_(ps).mul_(scale[s:e, None])
+                if grad_h is not None:
+                    torch.mm(g, wsc, out=grad_h[s:e])
+                if grad_w is not None:
+                    grad_w.addmm_(g.T, hc)
+        if grad_h is not None:
+            grad_h = _all_reduce(grad_h, group, "sum")  # every rank's share of the vocabulary
+        ctx.grads = (grad_h.to(hs.dtype) if grad_h is not None else None,
+                     grad_w.to(ws.dtype) if grad_w is not None else None)
         ctx.mark_non_differentiable(kl, ent)
-        loss = (kl * coef.to(dtype)).sum()
+        loss = (kl * scale).sum()
         return loss, kl, ent
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
-        hs, ws, ht, wt, coef, kl, tokens = ctx.saved_tensors
-        sampled, chunk, group, vocab_start, dtype = ctx.opts
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.zeros(hs.shape, dtype=dtype, device=hs.device) if need_h else None
-        grad_w = torch.zeros(ws.shape, dtype=dtype, device=ws.device) if need_w else None
-        scale = coef.to(dtype) * grad_loss.to(dtype)
-        with torch.autocast(hs.device.type, enabled=False):
-            wsc, wtc = ws.to(dtype), wt.to(dtype)
-            for s in range(0, hs.shape[0], chunk):
-                e = min(hs.shape[0], s + chunk)
-                hc = hs[s:e].to(dtype)
-                lps = _log_softmax(hc @ wsc.T, group)
-                ps = lps.exp()
-                if sampled:  # d/dz [c * log p_s(y)] = c * (onehot(y) - p_s), c = the log-ratio (a constant)
-                    g = ps.neg_()
-                    local = tokens[s:e] - vocab_start
-                    inside = (local >= 0) & (local < g.shape[1])
-                    rows = inside.nonzero().squeeze(1)
-                    g[rows, local[rows]] += 1.0
-                    g.mul_((kl[s:e] * scale[s:e])[:, None])
-                else:  # d KL / d z_s = p_s * (log p_s - log p_t - KL)
-                    lpt = _log_softmax(ht[s:e].to(dtype) @ wtc.T, group)
-                    g = lps.sub_(lpt).sub_(kl[s:e, None]).mul_(ps).mul_(scale[s:e, None])
-                if grad_h is not None:
-                    grad_h[s:e] = g @ wsc
-                if grad_w is not None:
-                    grad_w.addmm_(g.T, hc)
-        if grad_h is not None:
-            grad_h = _all_reduce(grad_h, group, "sum").to(hs.dtype)
-        return (grad_h, grad_w.to(ws.dtype) if grad_w is not None else None,
+        grad_h, grad_w = ctx.grads
+        ctx.grads = (None, None)
+        # Scaled in place: the gradients were made for this one backward (no retain_graph reuse).
+        return (grad_h.mul_(grad_loss) if grad_h is not None else None,
+                grad_w.mul_(grad_loss) if grad_w is not None else None,
                 None, None, None, None, None, None, None, None)
 
 
