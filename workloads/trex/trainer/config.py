@@ -596,9 +596,19 @@ def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
     if cfg.parallelism.pp > 1:
         out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
                     "set 1"))
-    if cfg.mode == "opd":
-        out.append(("mode", "'opd' (on-policy distillation) is not run by `trex train` yet; use pretrain, cpt or sft"))
+    for i, t in enumerate(cfg.opd.teachers if cfg.mode == "opd" else []):
+        if t.name is not None:
+            out.append((f"opd.teachers.{i}.name", f"{t.name!r}: a teacher from a TrainJob is not resolved yet; give "
+                        "path (its Hugging Face export or checkpoint folder on a mounted volume)"))
     return out
+
+
+def opd_world_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
+    """mode opd runs in one process: rollouts, teacher pass and student pass on one device."""
+    if cfg.mode == "opd" and world_size != 1:
+        return [("mode", f"'opd' (on-policy distillation) runs in one process; the job has {world_size} "
+                 "(set replicas and devicesPerReplica to 1)")]
+    return []
 
 
 def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None = None,
@@ -608,7 +618,7 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     (support_problems), and the memory plan fits ``device`` (``capacity`` bytes per process, default the
     device's memory; no device or an unknown capacity: not checked), with the optimizer states in host
     memory when optimizer.swap is on. Returns (field path, message) pairs; empty means valid."""
-    out = parallelism_problems(cfg, world_size) + support_problems(cfg)
+    out = parallelism_problems(cfg, world_size) + support_problems(cfg) + opd_world_problems(cfg, world_size)
     if out or device is None or (capacity is None and device.memory_bytes is None):
         return out
     from trex.trainer.plan import gib, plan_memory, with_swap

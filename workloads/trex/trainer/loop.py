@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from trex.runtime.device import (
     supports_dtype,
 )
 from trex.trainer.build import build_checkpointer, build_layout, build_model_and_optimizers, ns_dtype
-from trex.trainer.config import TrainerConfig, resolved_model_values, support_problems
+from trex.trainer.config import TrainerConfig, opd_world_problems, resolved_model_values, support_problems
 from trex.trainer.data.build import build_data
 from trex.trainer.data.sources import DataError
 from trex.trainer.kernels import install_for
@@ -40,6 +40,9 @@ from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, 
 from trex.trainer.optim.schedule import global_batch_at, micro_steps, seq_len_at
 from trex.trainer.optim.swap import SwapOptimizers, SwapStats
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
+
+if TYPE_CHECKING:
+    from trex.trainer.distill.run import OPDRun
 
 
 class ConfigProblem(ValueError):
@@ -68,6 +71,10 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
         if c.seq_len > max_len:
             out.append((f"data.seqLenCurriculum[{i}].seqLen", f"{c.seq_len} exceeds the model's maxSeqLen {max_len}"))
     out.extend(support_problems(cfg))  # pp > 1 and opd: the rule `trex validate` applies too
+    if cfg.mode == "opd":
+        from trex.trainer.distill.run import opd_problems
+
+        out.extend(opd_problems(cfg.opd))
     if cfg.data.tokenizer.path is not None and not Path(cfg.data.tokenizer.path).is_file():
         out.append(("data.tokenizer.path", f"{cfg.data.tokenizer.path} does not exist"))
     if cfg.data.train is not None:
@@ -116,6 +123,22 @@ class StepRecord:
     """Gradient sync, clipping, optimizer step and expert-bias update."""
     swap: SwapStats | None = None
     """The swap optimizer's transfers in this step (None: swap off or the step was skipped)."""
+    opd: OPDStepInfo | None = None
+    """Distillation statistics (mode opd)."""
+
+
+@dataclass(frozen=True)
+class OPDStepInfo:
+    """What an opd step adds to the record: its OPDStats and the teacher pool's counters."""
+
+    kl: dict[str, float]
+    entropy: float
+    response_length: float
+    seconds: dict[str, float]
+    cache_hit_bytes: int
+    cache_spilled_bytes: int
+    teacher_switches: int
+    teacher_loads: int
 
 
 @dataclass
@@ -179,13 +202,27 @@ class Telemetry:
                     "swap_device_bytes_saved": rec.swap.bytes_saved}
             for name, value in swap.items():
                 e.metric(f"trex_train_{name}", job_name=job).set(value)
+        opd = {}
+        if rec.opd is not None:
+            o = rec.opd
+            for teacher, kl in o.kl.items():
+                e.metric("trex_train_opd_kl", job_name=job, teacher=teacher).set(kl)
+            e.metric("trex_train_opd_student_entropy", job_name=job).set(o.entropy)
+            e.metric("trex_train_opd_cache_hit_bytes_total", job_name=job).inc(o.cache_hit_bytes)
+            e.metric("trex_train_opd_cache_spilled_bytes_total", job_name=job).inc(o.cache_spilled_bytes)
+            e.metric("trex_train_opd_teacher_switches", job_name=job).set(o.teacher_switches)
+            opd = {**{f"opd_kl_{t}": v for t, v in o.kl.items()}, "opd_entropy": o.entropy,
+                   "opd_response_length": o.response_length,
+                   **{f"opd_{k}_seconds": v for k, v in o.seconds.items()},
+                   "opd_cache_hit_bytes": o.cache_hit_bytes, "opd_cache_spilled_bytes": o.cache_spilled_bytes,
+                   "opd_teacher_switches": o.teacher_switches, "opd_teacher_loads": o.teacher_loads}
         self.jsonl.write({
             "step": rec.step, "loss": rec.loss, **{f"loss_{k}": v for k, v in rec.parts.items()},
             "grad_norm": rec.grad_norm, **{f"lr_{k}": v for k, v in rec.lr.items()}, "tokens": rec.tokens,
             "step_seconds": rec.seconds, "compute_seconds": rec.compute_seconds,
             "optimizer_seconds": rec.optimizer_seconds, "tokens_per_second": rec.tokens / max(rec.seconds, 1e-9), "mfu": mfu,
             "skipped": rec.skipped, "spike": rec.spike, "anticipatory": rec.anticipatory,
-            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch, **swap,
+            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch, **swap, **opd,
         })
 
 
@@ -209,7 +246,7 @@ class Trainer:
             field_path, _, rest = str(e).partition(": ")
             raise ConfigProblem(field_path, rest) from None
         self.dp_rank, _tp_rank = dense_coordinates(self.dims, self.rank)  # tp ranks read the same batch
-        problems = config_problems(cfg, dp=self.dims.dp)
+        problems = config_problems(cfg, dp=self.dims.dp) + opd_world_problems(cfg, self.world)
         if problems:
             raise ConfigProblem(*problems[0])
         self.cfg = cfg
@@ -241,6 +278,7 @@ class Trainer:
             raise
         self.model, self.opts = self._fresh()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opd: OPDRun | None = self._opd_run() if cfg.mode == "opd" else None
         self.detector = SpikeDetector(cfg.stability.window, cfg.stability.z_threshold, cfg.stability.warmup_steps,
                                       cfg.stability.cooldown_steps)
         self.anticipatory = self._anticipatory()
@@ -261,6 +299,19 @@ class Trainer:
         built = build_model_and_optimizers(self.cfg, self.device, self.layout)
         self.parallel = built.parallel
         return built.model, built.opts
+
+    def _opd_run(self) -> OPDRun:
+        """The prompts, teachers and sampling of mode opd (problems named by their field)."""
+        from trex.runtime.device import torch_dtype
+        from trex.trainer.distill.run import OPDRun
+
+        m = resolved_model_values(self.cfg.model)
+        try:
+            return OPDRun(self.cfg, self.device.torch_device(), torch_dtype(self.cfg.model.dtype), self.tokenizer,
+                          self.ckpt_dir, int(str(m["vocab_size"])), int(str(m["max_seq_len"])))
+        except ValueError as e:
+            field_path, _, rest = str(e).partition(": ")
+            raise ConfigProblem(field_path, rest) from None
 
     def _anticipatory(self) -> AnticipatoryRouting:
         model: Any = self.model
@@ -380,6 +431,8 @@ class Trainer:
         """One optimizer step (with accumulation, guard, clipping, bias update and spike handling)."""
         from trex.trainer.model import compute_loss, update_expert_bias
 
+        if self.opd is not None:
+            return self._opd_step()
         cfg, s = self.cfg, self.step
         t0 = time.perf_counter()
         seq_len = seq_len_at(s, [(c.step, c.seq_len) for c in cfg.data.seq_len_curriculum], cfg.data.seq_len)
@@ -459,6 +512,48 @@ class Trainer:
                           anticipatory=anticipatory, load_cv=load_cv(counts) if counts is not None else 0.0,
                           seq_len=seq_len, global_batch=gbatch, compute_seconds=t_compute - t0,
                           optimizer_seconds=t_end - t_compute,
+                          swap=self.opts.last if isinstance(self.opts, SwapOptimizers) and not skipped else None)
+
+    def _opd_step(self) -> StepRecord:
+        """One on-policy distillation step (single process): the student's rollouts, the teachers' pass and
+        the reverse-KL backward (trex.trainer.distill), then the guarded optimizer step."""
+        from trex.trainer.model import update_expert_bias
+
+        assert self.opd is not None
+        cfg, s, run = self.cfg, self.step, self.opd
+        model: Any = self.model
+        t0 = time.perf_counter()
+        with self._autocast(self.device.torch_device()):
+            stats = run.step(model, s)
+        t_compute = time.perf_counter()
+        grad_norm = clip_grad_norm(self.params, cfg.optimizer.grad_clip)
+        skipped = not finite(stats.loss, grad_norm)
+        self.opts.set_lr_factor(schedule_factor(cfg.optimizer, s, cfg.max_steps))
+        if skipped:
+            self.skipped += 1
+            self.log(f"step {s}: non-finite loss or gradient norm (loss={stats.loss}, grad_norm={grad_norm}); "
+                     "step skipped")
+        else:
+            self.opts.step()
+            if stats.expert_counts is not None and stats.expert_counts.numel():
+                update_expert_bias(model, stats.expert_counts, cfg.routing.bias_update_speed, group=self.group)
+        self.opts.zero_grad()
+        t_end = time.perf_counter()
+        pool = run.pool
+        cache, teachers = pool.cache.take_stats(), pool.take_stats()
+        info = OPDStepInfo(kl=stats.kl, entropy=stats.entropy, response_length=stats.response_length,
+                           seconds=stats.seconds, cache_hit_bytes=cache.hit_bytes,
+                           cache_spilled_bytes=cache.spilled_bytes, teacher_switches=teachers.switches,
+                           teacher_loads=teachers.trunk_loads)
+        self.tokens_seen += stats.tokens
+        self.step += 1
+        counts = stats.expert_counts
+        return StepRecord(step=self.step, loss=stats.loss, parts={"kl": stats.loss}, grad_norm=grad_norm,
+                          lr=self.opts.lr(), tokens=stats.tokens, seconds=t_end - t0, skipped=skipped, spike=False,
+                          anticipatory=False, load_cv=load_cv(counts) if counts is not None else 0.0,
+                          seq_len=stats.seq_len, global_batch=cfg.opd.prompts_per_step
+                          * cfg.opd.samples_per_prompt, compute_seconds=t_compute - t0,
+                          optimizer_seconds=t_end - t_compute, opd=info,
                           swap=self.opts.last if isinstance(self.opts, SwapOptimizers) and not skipped else None)
 
     def _autocast(self, dev: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -541,6 +636,8 @@ class Trainer:
             self.save()
         if self.telemetry is not None:
             self.telemetry.jsonl.close()
+        if self.opd is not None:
+            self.opd.close()
         return TrainResult(self.step, last_loss, last_mfu, self.last_checkpoint, self.skipped, self.spikes,
                            interrupted, history)
 

@@ -64,7 +64,11 @@ class OPDStats:
     entropy: float
     """The student's mean entropy over the scored tokens."""
     tokens: int
+    """Scored (response) tokens."""
     response_length: float
+    """Mean response tokens per sample."""
+    seq_len: int
+    """Length of the packed batch (longest prompt + response)."""
     expert_counts: torch.Tensor | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     """rollout, teacher and student wall seconds."""
@@ -105,7 +109,7 @@ def opd_backward(student: DeepSeekModel, batch: OPDBatch, pool: TeacherPool, *, 
     t2 = time.perf_counter()
     lengths = batch.mask.sum(1).double()
     return OPDStats(loss=loss, kl=kl, entropy=ent / max(ent_n, 1), tokens=batch.tokens,
-                    response_length=float(lengths.mean()), expert_counts=out.expert_counts.detach(),
+                    response_length=float(lengths.mean()), seq_len=batch.input_ids.shape[1], expert_counts=out.expert_counts.detach(),
                     seconds={"teacher": t1 - t0, "student": t2 - t1})
 
 
