@@ -173,8 +173,8 @@ def rules() -> dict[type[BaseModel], list[CelRule]]:
         KernelTuneConfig: [CelRule(f"{value(KernelTuneConfig, 'suite')} != 'none' || "
                                    "(has(self.kernels) && size(self.kernels) > 0)",
                                    "kernels: must name at least one kernel when suite is 'none'")],
-        TeacherConfig: [CelRule("(has(self.name) ? 1 : 0) + (has(self.path) ? 1 : 0) == 1",
-                                "name: give exactly one of name (a TrainJob) and path (a model folder)")],
+        TeacherConfig: [CelRule("has(self.name) || has(self.path)",
+                                "name: give name (a TrainJob) or path (a model folder)")],
         SizeRange: [CelRule(f"{value(SizeRange, 'min')} <= {value(SizeRange, 'max')}", "min: must be <= max")],
         ReconstructionConfig: [CelRule(f"{value(ReconstructionConfig, 'mode')} != 'llm' || has(self.endpoint)",
                                        "endpoint: required when mode is 'llm'")],

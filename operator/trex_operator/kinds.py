@@ -192,7 +192,16 @@ class TrainImpl(_PodKind):
             out.append(("ORDataJob", spec.data_from.name, "training data"))
         if spec.kernels_from is not None:
             out.append(("KernelTuneJob", spec.kernels_from.name, "tuned kernel configs"))
+        out.extend(("TrainJob", name, "distillation teacher") for name in self._teachers(ctx))
         return out
+
+    @staticmethod
+    def _teachers(ctx: Ctx) -> list[str]:
+        """TrainJobs named as distillation teachers (mode opd) whose path the operator fills in."""
+        trainer = ctx.model.spec.trainer
+        if trainer.mode != "opd":
+            return []
+        return list(dict.fromkeys(t.name for t in trainer.opd.teachers if t.name is not None and t.path is None))
 
     def trainer_config(self, ctx: Ctx) -> dict[str, Any]:
         """The rendered TrainerConfig: data from the referenced ORDataJob, checkpoints on the volume."""
@@ -205,6 +214,14 @@ class TrainImpl(_PodKind):
                 for entry in ctx.status.lineage:
                     if entry.kind == "ORDataJob":
                         entry.detail = f"training data {cfg['data']['train']}"
+        teachers = set(self._teachers(ctx))
+        for t in cfg["opd"]["teachers"]:
+            body = ctx.deps.bodies.get(("TrainJob", t["name"])) if t["name"] in teachers else None
+            if body is not None:  # its checkpoint folder: the final export in <dir>/hf, else a step's
+                t["path"] = train_checkpoint_path(body, None)
+                for entry in ctx.status.lineage:
+                    if entry.kind == "TrainJob" and entry.name == t["name"]:
+                        entry.detail = f"distillation teacher {t['path']}"
         mounts = storage_mounts(spec)
         cfg["checkpoint"]["dir"] = _resolve(cfg["checkpoint"]["dir"], mounts.get("checkpoints"))
         return cfg
@@ -243,11 +260,15 @@ class TrainImpl(_PodKind):
         return table
 
     def refs_mounts(self, ctx: Ctx) -> tuple[RefMount, ...]:
-        """The referenced ORDataJob's output volume, mounted read-only in the workers."""
+        """The referenced ORDataJob's output volume and the teacher TrainJobs' checkpoint volumes, mounted
+        read-only in the workers."""
         spec = ctx.model.spec
         body = ctx.deps.bodies.get(("ORDataJob", spec.data_from.name)) if spec.data_from is not None else None
-        ref = ordata_output_ref(body)[0] if body is not None else None
-        return (ref,) if ref is not None else ()
+        refs = [ordata_output_ref(body)[0] if body is not None else None]
+        for name in self._teachers(ctx):
+            teacher = ctx.deps.bodies.get(("TrainJob", name))
+            refs.append(train_checkpoint_ref(teacher, None)[0] if teacher is not None else None)
+        return tuple(r for r in refs if r is not None)
 
     def pods(self, ctx: Ctx) -> list[Manifest]:
         """The worker pods of the current attempt."""

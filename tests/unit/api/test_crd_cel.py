@@ -123,7 +123,7 @@ REJECTED: list[tuple[str, dict[str, Any], str]] = [
     ("TrainJob", _with(_with(TRAIN, "trainer.mode", "opd"), "trainer.opd", {"teachers": [{"path": "/t"}]}),
      "spec.trainer.opd.prompts"),
     ("TrainJob", _with(_with(TRAIN, "trainer.mode", "opd"), "trainer.opd",
-                       {"teachers": [{"path": "/t", "name": "t"}], "prompts": "/p.jsonl"}),
+                       {"teachers": [{"weight": 2.0}], "prompts": "/p.jsonl"}),
      "spec.trainer.opd.teachers.0.name"),
     ("TrainJob", {**TRAIN, "deviceType": "npu", "devicesPerReplica": 6}, "spec.devicesPerReplica"),
     ("TrainJob", _with(TRAIN, "volumes", {"checkpoints": {"claimName": "a", "hostPath": "/b"}}),

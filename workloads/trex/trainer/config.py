@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from trex.config_base import TrexModel
+from trex.config_base import TrexModel, check_dns1123_label
 from trex.reasoning import ReasoningMode, mode_problems
 
 if TYPE_CHECKING:
@@ -398,17 +398,23 @@ class TeacherConfig(TrexModel):
     """One teacher of on-policy distillation: a model folder and its weight in the loss."""
 
     name: str | None = None
-    """A TrainJob in the same namespace whose Hugging Face export teaches (resolved by the operator)."""
+    """A TrainJob in the same namespace: the operator waits for it to succeed, mounts its checkpoint volume
+    read-only and sets path to its checkpoint folder (its final Hugging Face export); also the teacher's label."""
     path: str | None = None
-    """A Hugging Face export folder (config.json + safetensors) or a trex checkpoint folder (its newest
-    verified step with a Hugging Face export, checkpoint.exportHfEvery), or one step-N folder of it."""
+    """A Hugging Face export folder (config.json + safetensors) or a trex checkpoint folder (its hf/ export,
+    else its newest completed step with one, checkpoint.exportHfEvery), or one step-N folder of it."""
     weight: float = Field(default=1.0, gt=0, le=1e6)
     """w_i: this teacher's reverse-KL weight in the loss sum_i w_i KL(student || teacher_i)."""
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else check_dns1123_label(v, "")
+
     @model_validator(mode="after")
-    def _one_source(self) -> TeacherConfig:
-        if (self.name is None) == (self.path is None):
-            raise ValueError("name: give exactly one of name (a TrainJob) and path (a model folder)")
+    def _source(self) -> TeacherConfig:
+        if self.name is None and self.path is None:
+            raise ValueError("name: give name (a TrainJob) or path (a model folder)")
         return self
 
     @property
@@ -596,10 +602,6 @@ def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
     if cfg.parallelism.pp > 1:
         out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
                     "set 1"))
-    for i, t in enumerate(cfg.opd.teachers if cfg.mode == "opd" else []):
-        if t.name is not None:
-            out.append((f"opd.teachers.{i}.name", f"{t.name!r}: a teacher from a TrainJob is not resolved yet; give "
-                        "path (its Hugging Face export or checkpoint folder on a mounted volume)"))
     return out
 
 

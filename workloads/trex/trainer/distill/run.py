@@ -37,6 +37,8 @@ def opd_problems(cfg: OPDConfig) -> list[tuple[str, str]]:
         out.append(("opd.prompts", f"{cfg.prompts} is not a file"))
     for i, t in enumerate(cfg.teachers):
         if t.path is None:
+            out.append((f"opd.teachers.{i}.name", f"{t.name!r}: a TrainJob teacher gets its path from the operator; "
+                        "outside a TrainJob give path (the teacher's model folder)"))
             continue
         try:
             resolve_teacher_dir(t.path)
