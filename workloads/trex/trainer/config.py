@@ -394,11 +394,78 @@ class KernelsConfig(TrexModel):
     sets it when unset); unset = every op eager."""
 
 
+class RewardWeightsConfig(TrexModel):
+    """Weights of the OR verifier's three reward terms (SIRL's 0.5 / 1 / 1 by default)."""
+
+    format: float = Field(default=0.5, ge=0)
+    """One fenced python block that compiles."""
+    execution: float = Field(default=1.0, ge=0)
+    """The program exited 0 and the sandbox recorded a solve its re-solve confirms."""
+    objective: float = Field(default=1.0, ge=0)
+    """The recorded solve matches the ground truth under ``protocol``."""
+
+
+class GRPOConfig(TrexModel):
+    """mode grpo: G sampled responses per prompt, rewards from the OR verifier (the program run in the sandbox,
+    the solver-recorded result scored), group-normalised advantages, the clipped ratio objective and a k3 KL
+    to the frozen initial policy (trex.trainer.rl)."""
+
+    prompts_per_step: int = Field(default=4, gt=0, le=65_536)
+    """Prompts per optimizer step over all data-parallel ranks (a multiple of dp)."""
+    group_size: int = Field(default=8, ge=2, le=1024)
+    """Responses sampled per prompt (G)."""
+    max_new_tokens: int = Field(default=512, gt=0, le=1_048_576)
+    """Response length cap (tokens; also capped by the model's positions)."""
+    temperature: float = Field(default=1.0, gt=0, le=10)
+    """Sampling temperature; the loss's log-probs use the same temperature as the behaviour log-probs."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling (1 = off)."""
+    top_k: int = Field(default=0, ge=0)
+    """Top-k sampling (0 = off)."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """Lower (and by default upper) clip of the importance ratio."""
+    clip_eps_high: float | None = Field(default=None, gt=0)
+    """Upper clip (unset = clipEps; DAPO's clip-higher uses e.g. 0.28)."""
+    kl_coef: float = Field(default=0.001, ge=0)
+    """Coefficient of the k3 KL to the reference policy (the run's initial weights; 0 = no reference pass)."""
+    reward: RewardWeightsConfig = Field(default_factory=RewardWeightsConfig)
+    """Reward term weights."""
+    protocol: str = "sirl"
+    """Objective-match protocol of the verifier (a `trex eval` scoring protocol)."""
+    prompt_format: str = "ordata"
+    """Format of data.train's prompt records: ordata ({id, question, answer}, what an ORDataJob's prompts rendering
+    and held-out file hold) or a benchmark format `trex eval` reads (nl4opt, mamo, optibench, industryor, optmath)."""
+    prompt_set: str = "trex"
+    """Prompt set of the user turn (trex.prompt_contract; the one SFT samples and `trex eval` use)."""
+    verifier_workers: int = Field(default=0, ge=0, le=1024)
+    """Programs verified at once (0 = the CPUs this process may use)."""
+    verifier_timeout_s: float = Field(default=60.0, gt=0)
+    """Wall-clock limit of one program."""
+    wal_fsync_every: int = Field(default=64, ge=0)
+    """Rollout log: fsync after this many tokens (0 = at the end of each rollout only)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOConfig:
+        from trex.evaluation.benchmarks import FORMATS
+        from trex.evaluation.protocols import PROTOCOLS
+        from trex.prompt_contract import PROMPT_SETS
+
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol: unknown {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
+        if self.prompt_format not in FORMATS or self.prompt_format == "bench4opt":
+            allowed = [f for f in FORMATS if f != "bench4opt"]
+            raise ValueError(f"promptFormat: unknown {self.prompt_format!r}; allowed: {', '.join(allowed)}")
+        if self.prompt_set not in PROMPT_SETS:
+            raise ValueError(f"promptSet: unknown {self.prompt_set!r}; allowed: {', '.join(PROMPT_SETS)}")
+        return self
+
+
 class TrainerConfig(TrexModel):
     """One training run."""
 
-    mode: Literal["pretrain", "cpt", "sft", "opd"] = "pretrain"
-    """pretrain, continued pretraining, supervised fine-tuning, or on-policy distillation."""
+    mode: Literal["pretrain", "cpt", "sft", "grpo", "opd"] = "pretrain"
+    """pretrain, continued pretraining, supervised fine-tuning, GRPO with verified rewards (prompts and truths in
+    data.train), or on-policy distillation."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Model shape."""
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
@@ -428,6 +495,8 @@ class TrainerConfig(TrexModel):
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recompute (torch.utils.checkpoint): selective recomputes the attention and the routed
     experts (with their token dispatch) in the backward, full every transformer block."""
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    """mode grpo: rollouts, rewards and the GRPO objective."""
     teacher_url: str | None = None
     """opd: OpenAI-compatible endpoint of the teacher model."""
 
@@ -438,7 +507,7 @@ class TrainerConfig(TrexModel):
             self.routing.mtp_weight_drop_step = NEVER if start is None else start
         if self.mode == "opd" and not self.teacher_url:
             raise ValueError("teacherUrl: required when mode is 'opd' (on-policy distillation needs a teacher)")
-        if self.data.global_batch_size % self.data.micro_batch_size:
+        if self.mode != "grpo" and self.data.global_batch_size % self.data.micro_batch_size:
             raise ValueError(
                 f"data.globalBatchSize: {self.data.global_batch_size} must be a multiple of "
                 f"data.microBatchSize ({self.data.micro_batch_size})"
@@ -523,7 +592,19 @@ def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
                     "set 1"))
     if cfg.mode == "opd":
         out.append(("mode", "'opd' (on-policy distillation) is not run by `trex train` yet; use pretrain, cpt or sft"))
+    if cfg.mode == "grpo":
+        p = cfg.parallelism
+        for name, degree in (("tp", p.tp), ("ep", p.ep), ("etp", p.etp)):
+            if degree > 1:
+                out.append((f"parallelism.{name}", f"{degree}: mode 'grpo' decodes its rollouts on a whole model "
+                            "replica per data-parallel rank; tensor and expert parallelism are not run in grpo yet "
+                            "(set 1)"))
+                break
     return out
+
+
+GRPO_NEEDS_PROMPTS = ("mode 'grpo' needs prompts with ground truths: an ORDataJob's prompts rendering (dataFrom) "
+                      "or a benchmark file")
 
 
 def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None = None,
