@@ -14,7 +14,7 @@ from trex.config_base import DNS1123_LABEL, TrexModel, check_dns1123_label
 from trex.evaluation.config import EvalConfig
 from trex.kernels.config import KernelTuneConfig
 from trex.ordata.config import ORDataConfig
-from trex.trainer.config import TrainerConfig, job_problems
+from trex.trainer.config import GRPO_NEEDS_PROMPTS, TrainerConfig, job_problems
 from trex.trainer.mfu import DEFAULT_DEVICE_MODEL, DEVICES, DeviceSku
 
 GROUP = "trex.dev"
@@ -261,6 +261,9 @@ class TrainJobSpec(CommonSpec):
     """Train on the output of this ORDataJob (sets trainer.data.train)."""
     kernels_from: JobRef | None = None
     """Use the tuned kernels of this KernelTuneJob."""
+    model_from: CheckpointRef | None = None
+    """Start from this TrainJob's Hugging Face export (its final one, or step's with its exportHfEvery): sets
+    trainer.checkpoint.initFromHf and, when unset, trainer.data.tokenizer.path to its tokenizer (SFT, then GRPO)."""
     device_model: DeviceModel | None = None
     """Accelerator model the memory plan is checked against (`trex plan`): 910b, 910c (one die), h100, h200,
     h800 or a100; unset = 910b for npu, h100 for gpu. cpu jobs are checked against resources.limits.memory
@@ -288,6 +291,11 @@ class TrainJobSpec(CommonSpec):
         if self.device_model is not None and DEVICES[self.device_model].device_type != self.device_type:
             raise ValueError(f"deviceModel: {self.device_model!r} is a {DEVICES[self.device_model].device_type} "
                              f"device; deviceType is {self.device_type!r}")
+        if self.trainer.mode == "grpo" and self.data_from is None and self.trainer.data.train is None:
+            raise ValueError(f"trainer.data.train: {GRPO_NEEDS_PROMPTS}")
+        if self.model_from is not None and self.trainer.checkpoint.init_from_hf is not None:
+            raise ValueError("trainer.checkpoint.initFromHf: modelFrom sets it to the referenced TrainJob's export; "
+                             "set one of the two")
         if self.trainer.model.dtype == "fp64" and self.device_type != "cpu":
             raise ValueError(f"trainer.model.dtype: fp64 is for CPU reference runs; deviceType {self.device_type!r} "
                              "trains in fp32 or bf16")

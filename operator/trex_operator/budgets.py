@@ -6,7 +6,10 @@ line per problem:
 * a TrainJob (``mode: sft``) whose ``dataFrom`` ORDataJob's median SFT sample is longer than its
   ``seqLen`` or its model's ``maxSeqLen`` (most samples would be truncated or dropped);
 * an EvalJob (``trex-checkpoint`` from such a TrainJob) whose ``maxTokens`` is below the 95th percentile
-  of the ORData reference answers' lengths for its ``ordata`` benchmark (a correct answer cannot fit).
+  of the ORData reference answers' lengths for its ``ordata`` benchmark (a correct answer cannot fit);
+* a TrainJob (``mode: grpo``) whose ``grpo.maxNewTokens`` is below that percentile for its ``dataFrom``
+  ORDataJob, under its ``modelFrom`` TrainJob's tokenizer when that job is in the graph (no response could
+  earn the objective reward).
 
 Lengths come from :func:`trex.ordata.budgets.estimate_lengths` under the TrainJob's tokenizer settings.
 """
@@ -59,6 +62,20 @@ def budget_problems(checked: Sequence[Checked]) -> list[Problem]:
             elif median > spec.trainer.data.seq_len:
                 out.append(Problem(c.file, _obj(c), "spec.trainer.data.seqLen",
                                    f"{spec.trainer.data.seq_len}: {where}; most would be truncated or dropped"))
+        elif kind == "TrainJob" and spec.data_from is not None and spec.trainer.mode == "grpo":
+            src = jobs.get(("ORDataJob", ns, spec.data_from.name))
+            if src is None:
+                continue
+            base = jobs.get(("TrainJob", ns, spec.model_from.name)) if spec.model_from is not None else None
+            tok_from: Any = base.model.spec if base is not None and base.model is not None else spec
+            p95 = _lengths(src.model.spec.ordata, tok_from.trainer).answer_p95()  # type: ignore[union-attr]
+            budget = spec.trainer.grpo.max_new_tokens
+            if budget < p95:
+                who = f"TrainJob/{spec.model_from.name}'s" if base is not None else "its"
+                out.append(Problem(c.file, _obj(c), "spec.trainer.grpo.maxNewTokens",
+                                   f"{budget} is below {p95} tokens, the p95 length of ORDataJob/"
+                                   f"{spec.data_from.name}'s reference answers (estimated with {who} tokenizer); "
+                                   "a correct answer would be cut and never earn the objective reward"))
         elif kind == "EvalJob" and spec.model_from is not None and spec.evaluation.model.kind == "trex-checkpoint":
             train = jobs.get(("TrainJob", ns, spec.model_from.name))
             tspec: Any = train.model.spec if train is not None and train.model is not None else None

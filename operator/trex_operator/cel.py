@@ -163,8 +163,6 @@ def rules() -> dict[type[BaseModel], list[CelRule]]:
             CelRule(f"{value(TrainerConfig, 'mode')} != 'opd' || "
                     "(has(self.opd) && has(self.opd.teachers) && size(self.opd.teachers) > 0)",
                     "opd.teachers: at least one teacher is required when mode is 'opd'"),
-            CelRule(f"{value(TrainerConfig, 'mode')} != 'opd' || (has(self.opd) && has(self.opd.prompts))",
-                    "opd.prompts: a JSONL prompt file is required when mode is 'opd'"),
         ],
         KernelTuneJobSpec: [CelRule(f"{literal(_BACKEND_DEVICE)}[{value(KernelTuneJobSpec, 'kernels.backend')}] == "
                                     f"{value(KernelTuneJobSpec, 'deviceType')}",

@@ -226,6 +226,12 @@ def summarise(objs: list[dict[str, Any]], expected: list[tuple[str, str]]) -> tu
             keys = ("step", "maxSteps", "loss", "mfu", "tokensPerSecond", "lastCheckpointStep")
             shown = {k: results.get(k, progress.get(k)) for k in keys if k in results or k in progress}
             lines.append("  " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+            rl = results.get("grpo")
+            if isinstance(rl, dict):
+                lines.append(f"  GRPO reward {rl.get('rewardMeanFirst')} -> {rl.get('rewardMeanLast')} over "
+                             f"{rl.get('responses')} responses, verifier outcomes {json.dumps(rl.get('outcomes'))}; "
+                             f"time: rollouts {rl.get('rolloutSeconds')} s, verification {rl.get('verifySeconds')} s, "
+                             f"loss {rl.get('trainSeconds')} s")
         elif kind == "EvalJob":
             lines.append(f"  passAt1={results.get('passAt1')} per benchmark: "
                          + json.dumps(results.get("benchmarks") or {}, sort_keys=True)[:300])

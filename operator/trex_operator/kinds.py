@@ -136,8 +136,9 @@ def train_checkpoint_ref(body: dict[str, Any], step: int | None) -> tuple[RefMou
 
 
 def training_files(corpus_dir: str, mode: str) -> str:
-    """The merged ORData files a trainer mode reads: chat samples for SFT/OPD, text documents otherwise."""
-    rendering = "sft" if mode in ("sft", "opd") else "cpt"
+    """The merged ORData files a trainer mode reads: chat samples for SFT, prompts with their solver-verified
+    truths for GRPO and OPD (the student answers them), text documents otherwise."""
+    rendering = "sft" if mode == "sft" else "prompts" if mode in ("grpo", "opd") else "cpt"
     return posixpath.join(corpus_dir, "merged", f"{rendering}-*.jsonl")
 
 
@@ -179,6 +180,47 @@ class _PodKind:
         return None
 
 
+# ---- modelFrom (TrainJob and EvalJob) -----------------------------------------------------------
+
+
+def model_mount(ctx: Ctx, ref: Any) -> RefMount | None:
+    """The checkpoint volume of the TrainJob ``ref`` names, as a read-only consumer mount (None: no ref, or the
+    volume is the consumer's own)."""
+    body = ctx.deps.bodies.get(("TrainJob", ref.name)) if ref is not None else None
+    return train_checkpoint_ref(body, None)[0] if body is not None else None
+
+
+def hf_export_path(ctx: Ctx, ref: Any) -> str | None:
+    """The Hugging Face export of the TrainJob ``ref`` names, in the consumer pod (<dir>/hf, the final one, or
+    <dir>/step-N/hf with its exportHfEvery), recorded in the lineage; None without a ref."""
+    body = ctx.deps.bodies.get(("TrainJob", ref.name)) if ref is not None else None
+    if ref is None or body is None:
+        return None
+    path = posixpath.join(train_checkpoint_path(body, ref.step), "hf")
+    for entry in ctx.status.lineage:
+        if entry.kind == "TrainJob" and entry.name == ref.name:
+            entry.detail = f"checkpoint {path}"
+    return path
+
+
+def model_step_problem(ctx: Ctx, ref: Any) -> str | None:
+    """Why modelFrom.step cannot be loaded: the TrainJob exports only its final model, or never saves that step
+    (checkpoints are taken every intervalSteps and at maxSteps)."""
+    body = ctx.deps.bodies.get(("TrainJob", ref.name)) if ref is not None else None
+    if ref is None or ref.step is None or body is None:
+        return None
+    trainer = _ref_spec(body).get("trainer") or {}
+    ckpt = trainer.get("checkpoint") or {}
+    if ckpt.get("exportHfEvery") is not True:
+        return (f"modelFrom.step {ref.step}: TrainJob {ref.name} exports only its final model; set its "
+                "trainer.checkpoint.exportHfEvery: true to use one step, or leave step unset")
+    interval, last = ckpt.get("intervalSteps", 100), trainer.get("maxSteps")
+    if isinstance(interval, int) and interval > 0 and ref.step % interval and ref.step != last:
+        return (f"modelFrom.step {ref.step}: TrainJob {ref.name} saves a checkpoint every {interval} steps "
+                f"and at maxSteps ({last}); step {ref.step} is never saved")
+    return None
+
+
 # ---- TrainJob ----------------------------------------------------------------------------------
 
 
@@ -192,6 +234,8 @@ class TrainImpl(_PodKind):
             out.append(("ORDataJob", spec.data_from.name, "training data"))
         if spec.kernels_from is not None:
             out.append(("KernelTuneJob", spec.kernels_from.name, "tuned kernel configs"))
+        if spec.model_from is not None:
+            out.append(("TrainJob", spec.model_from.name, "initial weights"))
         out.extend(("TrainJob", name, "distillation teacher") for name in self._teachers(ctx))
         return out
 
@@ -203,8 +247,13 @@ class TrainImpl(_PodKind):
             return []
         return list(dict.fromkeys(t.name for t in trainer.opd.teachers if t.name is not None and t.path is None))
 
+    def ref_problem(self, ctx: Ctx) -> str | None:
+        """Why modelFrom's step cannot be loaded (see :func:`model_step_problem`)."""
+        return model_step_problem(ctx, ctx.model.spec.model_from)
+
     def trainer_config(self, ctx: Ctx) -> dict[str, Any]:
-        """The rendered TrainerConfig: data from the referenced ORDataJob, checkpoints on the volume."""
+        """The rendered TrainerConfig: data from the referenced ORDataJob, initial weights (and tokenizer) from the
+        referenced TrainJob's Hugging Face export, checkpoints on the volume."""
         spec = ctx.model.spec
         cfg: dict[str, Any] = spec.trainer.model_dump(mode="json", by_alias=True)
         if spec.data_from is not None:
@@ -222,6 +271,11 @@ class TrainImpl(_PodKind):
                 for entry in ctx.status.lineage:
                     if entry.kind == "TrainJob" and entry.name == t["name"]:
                         entry.detail = f"distillation teacher {t['path']}"
+        path = hf_export_path(ctx, spec.model_from)
+        if path is not None:
+            cfg["checkpoint"]["initFromHf"] = path
+            if cfg["data"]["tokenizer"].get("path") is None:
+                cfg["data"]["tokenizer"]["path"] = posixpath.join(path, "tokenizer.json")
         mounts = storage_mounts(spec)
         cfg["checkpoint"]["dir"] = _resolve(cfg["checkpoint"]["dir"], mounts.get("checkpoints"))
         return cfg
@@ -260,15 +314,16 @@ class TrainImpl(_PodKind):
         return table
 
     def refs_mounts(self, ctx: Ctx) -> tuple[RefMount, ...]:
-        """The referenced ORDataJob's output volume and the teacher TrainJobs' checkpoint volumes, mounted
-        read-only in the workers."""
+        """The referenced ORDataJob's output volume, the TrainJob's checkpoint volume (modelFrom) and the teacher
+        TrainJobs' checkpoint volumes, mounted read-only."""
         spec = ctx.model.spec
         body = ctx.deps.bodies.get(("ORDataJob", spec.data_from.name)) if spec.data_from is not None else None
-        refs = [ordata_output_ref(body)[0] if body is not None else None]
+        refs = [ordata_output_ref(body)[0] if body is not None else None, model_mount(ctx, spec.model_from)]
         for name in self._teachers(ctx):
             teacher = ctx.deps.bodies.get(("TrainJob", name))
             refs.append(train_checkpoint_ref(teacher, None)[0] if teacher is not None else None)
-        return tuple(r for r in refs if r is not None)
+        by_job = {r.job_name: r for r in refs if r is not None}  # a TrainJob both modelFrom and teacher: one mount
+        return tuple(by_job.values())
 
     def pods(self, ctx: Ctx) -> list[Manifest]:
         """The worker pods of the current attempt."""
@@ -442,43 +497,15 @@ class EvalImpl(_PodKind):
 
     def refs_mounts(self, ctx: Ctx) -> tuple[RefMount, ...]:
         """The referenced TrainJob's checkpoint volume, mounted read-only in the eval pods."""
-        ref = ctx.model.spec.model_from
-        body = ctx.deps.bodies.get(("TrainJob", ref.name)) if ref is not None else None
-        mount = train_checkpoint_ref(body, None)[0] if body is not None else None
+        mount = model_mount(ctx, ctx.model.spec.model_from)
         return (mount,) if mount is not None else ()
 
     def ref_problem(self, ctx: Ctx) -> str | None:
-        """Why modelFrom.step cannot be evaluated: the TrainJob exports only its final model, or never saved
-        that step (checkpoints are taken every intervalSteps and at maxSteps)."""
-        ref = ctx.model.spec.model_from
-        body = ctx.deps.bodies.get(("TrainJob", ref.name)) if ref is not None else None
-        if ref is None or ref.step is None or body is None:
-            return None
-        trainer = _ref_spec(body).get("trainer") or {}
-        ckpt = trainer.get("checkpoint") or {}
-        if ckpt.get("exportHfEvery") is not True:
-            return (f"modelFrom.step {ref.step}: TrainJob {ref.name} exports only its final model; set its "
-                    "trainer.checkpoint.exportHfEvery: true to evaluate one step, or leave step unset")
-        interval, last = ckpt.get("intervalSteps", 100), trainer.get("maxSteps")
-        if isinstance(interval, int) and interval > 0 and ref.step % interval and ref.step != last:
-            return (f"modelFrom.step {ref.step}: TrainJob {ref.name} saves a checkpoint every {interval} steps "
-                    f"and at maxSteps ({last}); step {ref.step} is never saved")
-        return None
+        return model_step_problem(ctx, ctx.model.spec.model_from)
 
     def model_path(self, ctx: Ctx) -> str | None:
-        ref = ctx.model.spec.model_from
-        if ref is None:
-            return None
-        body = ctx.deps.bodies.get(("TrainJob", ref.name))
-        if body is None:
-            return None
-        # The Hugging Face export the trainer writes (<dir>/hf at the end, <dir>/step-N/hf with exportHfEvery):
-        # what a model server loads and what the trex-checkpoint model reads.
-        path = posixpath.join(train_checkpoint_path(body, ref.step), "hf")
-        for entry in ctx.status.lineage:
-            if entry.kind == "TrainJob":
-                entry.detail = f"checkpoint {path}"
-        return path
+        # What a model server loads and what the trex-checkpoint model reads.
+        return hf_export_path(ctx, ctx.model.spec.model_from)
 
     def eval_config(self, ctx: Ctx) -> dict[str, Any]:
         spec = ctx.model.spec

@@ -101,9 +101,12 @@ def test_oracle_scores_100_percent_at_the_quickstart_budget(loop: dict[str, Any]
     assert cut < 0.5
 
 
-def _graph(ev_tokens: int | None = None, seq_len: int | None = None, max_pos: int | None = None) -> list[str]:
-    docs = [_doc("ordatajob.yaml"), _doc("trainjob.yaml"), _doc("evaljob.yaml")]
+def _graph(ev_tokens: int | None = None, seq_len: int | None = None, max_pos: int | None = None,
+           grpo_tokens: int | None = None) -> list[str]:
+    docs = [_doc("ordatajob.yaml"), _doc("trainjob.yaml"), _doc("evaljob.yaml"), _doc("trainjob-grpo.yaml")]
     docs = copy.deepcopy(docs)
+    if grpo_tokens is not None:
+        docs[3]["spec"]["trainer"]["grpo"]["maxNewTokens"] = grpo_tokens
     if ev_tokens is not None:
         docs[2]["spec"]["evaluation"]["model"]["sampling"]["maxTokens"] = ev_tokens
     if seq_len is not None:
@@ -125,6 +128,9 @@ def test_validate_rejects_budgets_that_cannot_hold_the_samples() -> None:
     assert "TrainJob/quickstart-train: spec.trainer.data.seqLen: 256:" in line and "median" in line
     (line,) = _graph(max_pos=512)
     assert "spec.trainer.model.overrides.maxSeqLen: 512:" in line
+    (line,) = _graph(grpo_tokens=256)  # GRPO responses cut short of any reference answer never earn the objective
+    assert "TrainJob/quickstart-grpo: spec.trainer.grpo.maxNewTokens: 256 is below" in line
+    assert "TrainJob/quickstart-train's tokenizer" in line
 
 
 def test_demo_prints_the_oracle_check_from_the_jobs_outputs(loop: dict[str, Any], tmp_path: Path) -> None:

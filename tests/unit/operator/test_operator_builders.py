@@ -170,6 +170,41 @@ def test_trainer_config_round_trips_and_takes_data_from_reference() -> None:
     assert lineage == {("ORDataJob", "corpus"), ("KernelTuneJob", "kern")}
 
 
+def test_grpo_trainjob_takes_prompts_and_the_sft_trainjobs_export() -> None:
+    """mode grpo with dataFrom + modelFrom: the ORDataJob's prompts rendering, the SFT TrainJob's Hugging Face
+    export as initial weights and its tokenizer, both volumes mounted read-only, both in the lineage."""
+    body = _body("TrainJob", {"dataFrom": {"name": "corpus"}, "modelFrom": {"name": "sft"},
+                              "trainer": {"mode": "grpo", "grpo": {"promptsPerStep": 2}}})
+    obs = Observed(now=NOW)
+    obs.refs[("ORDataJob", "corpus")] = _succeeded("ORDataJob", "corpus", {"ordata": {"output": "or-out"},
+                                                                          "volumes": {"output": {"claimName": "p"}}})
+    obs.refs[("TrainJob", "sft")] = _succeeded("TrainJob", "sft", {"volumes": {"checkpoints": {"claimName": "ck"}},
+                                                                   "trainer": {"checkpoint": {"dir": "run"}}})
+    plan = plan_job(body, obs)
+    cm = next(m for m in plan.ensure if m["kind"] == "ConfigMap")
+    cfg = load_section(TrainerConfig, yaml.safe_load(cm["data"]["trainer.yaml"])["trainer"])
+    assert cfg.data.train == "/refs/corpus/or-out/merged/prompts-*.jsonl"
+    assert cfg.checkpoint.init_from_hf == "/refs/sft/run/hf"
+    assert cfg.data.tokenizer.path == "/refs/sft/run/hf/tokenizer.json"
+    worker = next(m for m in plan.ensure if m["kind"] == "Pod")
+    mounts = {m["mountPath"]: m for m in worker["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/refs/corpus"]["readOnly"] and mounts["/refs/sft"]["readOnly"]
+    lineage = {(e["kind"], e["name"]): e.get("detail") for e in plan.status["lineage"]}
+    assert lineage[("TrainJob", "sft")] == "checkpoint /refs/sft/run/hf"
+    # a step the SFT job never exports fails the GRPO job with the reason, before any pod
+    body["spec"]["modelFrom"]["step"] = 7
+    plan = plan_job(body, obs)
+    assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "DependencyIncompatible")
+    assert "exportHfEvery: true" in plan.status["message"]
+
+
+def test_trainjob_model_from_and_init_from_hf_conflict() -> None:
+    from trex_operator.api import TrainJobSpec
+
+    with pytest.raises(ValueError, match=r"trainer\.checkpoint\.initFromHf: modelFrom sets it"):
+        TrainJobSpec.model_validate({"modelFrom": {"name": "sft"}, "trainer": {"checkpoint": {"initFromHf": "/w"}}})
+
+
 def test_ordata_jobs() -> None:
     jobs = {m["metadata"]["name"]: m for m in all_children(copy.deepcopy(BUILT[4])) if m["kind"] == "Job"}
     gen, merge = jobs["job-generate"], jobs["job-merge"]
@@ -227,6 +262,7 @@ def test_references_without_shareable_storage_keep_the_path() -> None:
     assert path == "/refs/t/run/step-00000007"
     assert training_files("/refs/d/o", "sft") == "/refs/d/o/merged/sft-*.jsonl"
     assert training_files("/refs/d/o", "cpt") == "/refs/d/o/merged/cpt-*.jsonl"
+    assert training_files("/refs/d/o", "grpo") == "/refs/d/o/merged/prompts-*.jsonl"
 
 
 @pytest.mark.parametrize(("step", "checkpoint", "why"), [
@@ -261,8 +297,8 @@ def test_distillation_teachers_from_train_jobs_are_awaited_mounted_and_recorded(
     """mode opd with teachers naming TrainJobs: the job waits for them, then each teacher's checkpoint volume is
     mounted read-only at /refs/<teacher> and its path points there; a teacher given by path is left alone."""
     trainer = {"mode": "opd", "model": {"preset": "tiny"},
-               "opd": {"teachers": [{"name": "math-sft", "weight": 2.0}, {"path": "/models/code"}],
-                       "prompts": "/data/prompts.jsonl"}}
+               "data": {"train": "/data/prompts.jsonl"},
+               "opd": {"teachers": [{"name": "math-sft", "weight": 2.0}, {"path": "/models/code"}]}}
     body = _body("TrainJob", {"replicas": 1, "devicesPerReplica": 1, "deviceType": "cpu", "trainer": trainer})
     assert referenced(body) == [("TrainJob", "math-sft")]
     waiting = plan_job(copy.deepcopy(body), Observed(now=NOW, refs={("TrainJob", "math-sft"): None}))

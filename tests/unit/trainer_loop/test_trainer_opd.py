@@ -1,6 +1,7 @@
 """`trex train` with mode opd: the Trainer distills the tiny preset toward a teacher folder (another seed)
-on its own samples of a prompt file; the KL falls, the step logs its distillation metrics, a resumed run
-is bit-identical to an uninterrupted one, and bad prompt files and teachers are refused by field."""
+on its own samples of data.train's prompts (ORData's prompts rendering, as mode grpo reads it); the KL
+falls, the step logs its distillation metrics, a resumed run is bit-identical to an uninterrupted one,
+teachers pick their prompts by family, and bad teachers are refused by field."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from trex.trainer.hf import save_hf
 from trex.trainer.loop import ConfigProblem, Trainer
 from trex.trainer.model import build_model
 
-MODEL = {"preset": "tiny", "overrides": {"numLayers": 1, "mtpDepth": 0, "maxSeqLen": 128}}
-PROMPTS = ["the solver found", "minimise the cost of", "a linear program with", "the optimal value is"]
+MODEL = {"preset": "tiny", "overrides": {"numLayers": 1, "mtpDepth": 0, "maxSeqLen": 512}}
+PROMPTS = [("diet", "minimise the cost of a diet"), ("diet", "a diet with three foods"),
+           ("knapsack", "pack items of value"), ("knapsack", "the optimal value is")]
 
 
 def _teacher(tmp: Path, seed: int = 7) -> Path:
@@ -30,11 +32,13 @@ def _cfg(tmp: Path, teacher: Path, **opd: Any) -> TrainerConfig:
     prompts = tmp / "prompts.jsonl"
     tmp.mkdir(parents=True, exist_ok=True)
     if not prompts.exists():
-        prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+        prompts.write_text("".join(json.dumps({"id": f"p{i}", "question": q, "answer": float(i), "family": f}) + "\n"
+                                   for i, (f, q) in enumerate(PROMPTS)))
     return load_section(TrainerConfig, {
         "mode": "opd", "model": MODEL, "maxSteps": 6, "deterministic": True,
         "optimizer": {"schedule": {"warmupSteps": 0}, "adamw": {"lr": 0.01}},
-        "opd": {"teachers": [{"path": str(teacher)}], "prompts": str(prompts), "promptsPerStep": 2,
+        "data": {"train": str(prompts)},
+        "opd": {"teachers": [{"path": str(teacher)}], "promptsPerStep": 2,
                 "samplesPerPrompt": 2, "sampling": {"maxNewTokens": 8}, "chunkSize": 16, **opd},
         "checkpoint": {"dir": str(tmp / "ckpt"), "intervalSteps": 3, "exportHf": False},
     })
@@ -69,12 +73,22 @@ def test_trainer_distills_logs_and_resumes_bit_identically(tmp_path: Path) -> No
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
-def test_bad_prompt_files_and_teachers_are_refused_by_field(tmp_path: Path) -> None:
+def test_teachers_pick_prompts_by_family_and_bad_teachers_are_refused_by_field(tmp_path: Path) -> None:
     teacher = _teacher(tmp_path)
-    with pytest.raises(ConfigProblem, match=r"opd\.prompts: .*line 2: expected"):
-        cfg = _cfg(tmp_path / "p", teacher)
-        Path(str(cfg.opd.prompts)).write_text('{"prompt": "ok"}\n{"text": "no"}\n')
-        Trainer(cfg, tmp_path / "p", measure_peak=False, log=lambda _m: None)
+    other = tmp_path / "other"
+    save_hf(build_model(load_section(TrainerConfig, {"model": MODEL}).model, seed=8), other)
+    cfg = _cfg(tmp_path / "f", teacher, teachers=[{"path": str(teacher), "items": "diet"},
+                                                  {"path": str(other), "items": "p[23]", "weight": 0.5}])
+    tr = Trainer(cfg, tmp_path / "f", measure_peak=False, log=lambda _m: None)
+    assert tr.opd is not None and tr.opd.teachers == [[str(teacher)], [str(teacher)], [str(other)], [str(other)]]
+    rec = tr.train_step()
+    assert rec.opd is not None and set(rec.opd.kl) <= {str(teacher), str(other)}
+    with pytest.raises(ConfigProblem, match=r"opd\.teachers: prompt 'p2' matches no teacher"):
+        Trainer(_cfg(tmp_path / "n", teacher, teachers=[{"path": str(teacher), "items": "diet"}]), tmp_path / "n",
+                measure_peak=False, log=lambda _m: None)
+    with pytest.raises(ConfigProblem, match=r"opd\.teachers\.0\.name: 'sft': a TrainJob teacher gets its path"):
+        Trainer(_cfg(tmp_path / "t", teacher, teachers=[{"name": "sft"}]), tmp_path / "t", measure_peak=False,
+                log=lambda _m: None)
     with pytest.raises(ConfigProblem, match=r"opd\.teachers\.0\.path: teacher .*: not a directory"):
         Trainer(_cfg(tmp_path / "m", tmp_path / "missing"), tmp_path / "m", measure_peak=False, log=lambda _m: None)
     other = load_section(TrainerConfig, {"model": {**MODEL, "overrides": {**MODEL["overrides"], "vocabSize": 300}}})  # type: ignore[dict-item]

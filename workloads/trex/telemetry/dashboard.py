@@ -115,6 +115,27 @@ def panels() -> list[Panel]:
                       "[$__rate_interval]))", "spilled {{job_name}}"),
                Target(f"max {by_job} ({m('trex_train_opd_teacher_switches')}{{{SEL}}})", "switches {{job_name}}")),
               unit="Bps", right_axis={"C": "short"}),
+        Panel("GRPO: reward", "Mean verifier reward of each step's responses and its standard deviation (right "
+              "axis), over the ranks of each job.",
+              (Target(f"avg {by_job} ({m('trex_train_reward_mean')}{{{SEL}}})", "mean {{job_name}}"),
+               Target(f"avg {by_job} ({m('trex_train_reward_std')}{{{SEL}}})", "std {{job_name}}")),
+              right_axis={"B": "short"}),
+        Panel("GRPO: KL to the reference and clip fraction", "Mean k3 KL of the policy to the frozen reference over "
+              "response tokens, and the share of tokens whose importance ratio was clipped (right axis).",
+              (Target(f"avg {by_job} ({m('trex_train_kl')}{{{SEL}}})", "KL {{job_name}}"),
+               Target(f"avg {by_job} ({m('trex_train_clip_fraction')}{{{SEL}}})", "clipped {{job_name}}")),
+              right_axis={"B": "percentunit"}),
+        Panel("GRPO: verifier outcomes", "Scored responses per second by verifier outcome (correct, wrong "
+              "objective, no solver call, no code, ...).",
+              (Target(f"sum by (outcome) (rate({m('trex_train_verifier_outcomes_total')}{{{SEL}}}"
+                      "[$__rate_interval]))", "{{outcome}}"),), unit="ops", stacked=True),
+        Panel("GRPO: step time split and response length", "Rollout, verification and loss time of the last step "
+              "(slowest rank), and the mean response length in tokens (right axis).",
+              (Target(f"max {by_job} ({m('trex_train_rollout_seconds')}{{{SEL}}})", "rollout {{job_name}}"),
+               Target(f"max {by_job} ({m('trex_train_verify_seconds')}{{{SEL}}})", "verify {{job_name}}"),
+               Target(f"max {by_job} ({m('trex_train_rl_train_seconds')}{{{SEL}}})", "train {{job_name}}"),
+               Target(f"avg {by_job} ({m('trex_train_response_length')}{{{SEL}}})", "length {{job_name}}")),
+              unit="s", right_axis={"D": "short"}),
         Panel("Restarts by cause", "Gang restarts in the selected range, by job kind and cause (operator).",
               (Target(f"sum by (kind, cause) (increase({m('trex_operator_restarts_total')}[$__range]))",
                       "{{kind}} {{cause}}", instant=True),), kind="bargauge"),

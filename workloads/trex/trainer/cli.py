@@ -137,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         from trex.trainer.optim.swap import summary as swap_summary
 
         summary["swap"] = swap_summary(swapped)
+    rl = [r.grpo for r in result.history if r.grpo is not None]
+    if rl:
+        from trex.trainer.rl.step import summary as grpo_summary
+
+        summary["grpo"] = grpo_summary(rl)
     if not result.interrupted and cfg.checkpoint.export_hf:
         exported = _export(trainer)
         if trainer.rank == 0:
@@ -147,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"
     print(f"trex train: {summary['result'].lower()} at step {result.final_step}/{cfg.max_steps}, loss {loss_s}, "
           f"MFU {mfu_s}, last checkpoint {result.last_checkpoint}"
-          + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else ""), file=sys.stderr)
+          + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else "")
+          + (f", reward {summary['grpo']['rewardMeanFirst']:.3f} -> {summary['grpo']['rewardMeanLast']:.3f}"
+             if "grpo" in summary else ""), file=sys.stderr)
     return EXIT_TERMINATED if result.interrupted else EXIT_OK
 
 

@@ -394,6 +394,79 @@ class KernelsConfig(TrexModel):
     sets it when unset); unset = every op eager."""
 
 
+class RewardWeightsConfig(TrexModel):
+    """Weights of the OR verifier's three reward terms (SIRL's 0.5 / 1 / 1 by default)."""
+
+    format: float = Field(default=0.5, ge=0)
+    """One fenced python block that compiles."""
+    execution: float = Field(default=1.0, ge=0)
+    """The program exited 0 and the sandbox recorded a solve its re-solve confirms."""
+    objective: float = Field(default=1.0, ge=0)
+    """The recorded solve matches the ground truth under ``protocol``."""
+
+
+class GRPOConfig(TrexModel):
+    """mode grpo: G sampled responses per prompt, rewards from the OR verifier (the program run in the sandbox,
+    the solver-recorded result scored), group-normalised advantages, the clipped ratio objective and a k3 KL
+    to the frozen initial policy (trex.trainer.rl)."""
+
+    prompts_per_step: int = Field(default=4, gt=0, le=65_536)
+    """Prompts per optimizer step over all data-parallel ranks (a multiple of dp)."""
+    group_size: int = Field(default=8, ge=2, le=1024)
+    """Responses sampled per prompt (G)."""
+    max_new_tokens: int = Field(default=512, gt=0, le=1_048_576)
+    """Response length cap (tokens; also capped by the model's positions)."""
+    temperature: float = Field(default=1.0, gt=0, le=10)
+    """Sampling temperature; the loss's log-probs use the same temperature as the behaviour log-probs."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling (1 = off)."""
+    top_k: int = Field(default=0, ge=0)
+    """Top-k sampling (0 = off)."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """Lower (and by default upper) clip of the importance ratio."""
+    clip_eps_high: float | None = Field(default=None, gt=0)
+    """Upper clip (unset = clipEps; DAPO's clip-higher uses e.g. 0.28)."""
+    kl_coef: float = Field(default=0.001, ge=0)
+    """Coefficient of the k3 KL to the reference policy (the run's initial weights; 0 = no reference pass)."""
+    reward: RewardWeightsConfig = Field(default_factory=RewardWeightsConfig)
+    """Reward term weights."""
+    protocol: str = "sirl"
+    """Objective-match protocol of the verifier (a `trex eval` scoring protocol)."""
+    prompt_format: str = "ordata"
+    """Format of data.train's prompt records: ordata ({id, question, answer}, what an ORDataJob's prompts rendering
+    and held-out file hold) or a benchmark format `trex eval` reads (nl4opt, mamo, optibench, industryor, optmath)."""
+    prompt_set: str = "trex"
+    """Prompt set of the user turn (trex.prompt_contract; the one SFT samples and `trex eval` use)."""
+    verifier_workers: int = Field(default=0, ge=0, le=1024)
+    """Programs verified at once (0 = the CPUs this process may use)."""
+    verifier_timeout_s: float = Field(default=60.0, gt=0)
+    """Wall-clock limit of one program."""
+    wal_fsync_every: int = Field(default=64, ge=0)
+    """Rollout log: fsync after this many tokens (0 = at the end of each rollout only)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOConfig:
+        from trex.evaluation.protocols import PROTOCOLS
+
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol: unknown {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
+        check_prompt_source(self.prompt_format, self.prompt_set)
+        return self
+
+
+def check_prompt_source(prompt_format: str, prompt_set: str) -> None:
+    """promptFormat must be a format `trex eval` reads whose records hold a question (not bench4opt) and promptSet
+    a prompt set of the contract; ValueError naming the field otherwise."""
+    from trex.evaluation.benchmarks import FORMATS
+    from trex.prompt_contract import PROMPT_SETS
+
+    if prompt_format not in FORMATS or prompt_format == "bench4opt":
+        allowed = [f for f in FORMATS if f != "bench4opt"]
+        raise ValueError(f"promptFormat: unknown {prompt_format!r}; allowed: {', '.join(allowed)}")
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"promptSet: unknown {prompt_set!r}; allowed: {', '.join(PROMPT_SETS)}")
+
+
 class TeacherConfig(TrexModel):
     """One teacher of on-policy distillation: a model folder and its weight in the loss."""
 
@@ -405,6 +478,9 @@ class TeacherConfig(TrexModel):
     else its newest completed step with one, checkpoint.exportHfEvery), or one step-N folder of it."""
     weight: float = Field(default=1.0, gt=0, le=1e6)
     """w_i: this teacher's reverse-KL weight in the loss sum_i w_i KL(student || teacher_i)."""
+    items: str | None = None
+    """The prompts this teacher scores: a shell-style pattern matched against each prompt's id and its category
+    (an ORData family such as "diet", a benchmark's type); unset = every prompt. Every prompt needs a teacher."""
 
     @field_validator("name")
     @classmethod
@@ -443,14 +519,10 @@ class OPDConfig(TrexModel):
     sum_i w_i KL(p_student || p_teacher_i) over the response tokens, exactly over the whole vocabulary."""
 
     teachers: list[TeacherConfig] = Field(default_factory=list, max_length=64)
-    """Teachers (at least one with mode opd). A prompt record's "teacher" (a name or path) picks its
-    teacher; without it every teacher scores the sample."""
+    """Teachers (at least one with mode opd); each scores the prompts its ``items`` pattern selects."""
     estimator: Literal["full-vocab", "sampled-token"] = "full-vocab"
     """full-vocab: the exact KL over the vocabulary (chunked, fused with both heads); sampled-token: the
     log-ratio at the sampled token with its score-function gradient (for comparison)."""
-    prompts: str | None = None
-    """JSONL prompt file: one {"prompt": text} per line (optional "teacher"), tokenized by the run's tokenizer
-    and cycled through in order; required with mode opd."""
     prompts_per_step: int = Field(default=4, gt=0, le=65_536)
     """Prompts per optimizer step."""
     samples_per_prompt: int = Field(default=2, gt=0, le=1024)
@@ -463,9 +535,15 @@ class OPDConfig(TrexModel):
     """Host memory for the teachers' cached hidden states; beyond it they spill to disk."""
     cache_dir: str | None = None
     """Spill folder of the hidden-state cache (unset = <checkpoint.dir>/teacher-cache)."""
+    prompt_format: str = "ordata"
+    """Format of data.train's prompt records, as for mode grpo: ordata (an ORDataJob's prompts rendering) or a
+    benchmark format `trex eval` reads (nl4opt, mamo, optibench, industryor, optmath)."""
+    prompt_set: str = "trex"
+    """Prompt set of the user turn (trex.prompt_contract; the one SFT samples and `trex eval` use)."""
 
     @model_validator(mode="after")
-    def _distinct(self) -> OPDConfig:
+    def _check(self) -> OPDConfig:
+        check_prompt_source(self.prompt_format, self.prompt_set)
         labels = [t.label for t in self.teachers]
         for i, label in enumerate(labels):
             if label in labels[:i]:
@@ -476,8 +554,9 @@ class OPDConfig(TrexModel):
 class TrainerConfig(TrexModel):
     """One training run."""
 
-    mode: Literal["pretrain", "cpt", "sft", "opd"] = "pretrain"
-    """pretrain, continued pretraining, supervised fine-tuning, or on-policy distillation."""
+    mode: Literal["pretrain", "cpt", "sft", "grpo", "opd"] = "pretrain"
+    """pretrain, continued pretraining, supervised fine-tuning, GRPO with verified rewards (prompts and truths in
+    data.train), or on-policy distillation."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Model shape."""
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
@@ -507,6 +586,8 @@ class TrainerConfig(TrexModel):
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recompute (torch.utils.checkpoint): selective recomputes the attention and the routed
     experts (with their token dispatch) in the backward, full every transformer block."""
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    """mode grpo: rollouts, rewards and the GRPO objective."""
     opd: OPDConfig = Field(default_factory=OPDConfig)
     """On-policy distillation (mode opd): teachers, estimator, prompts and sampling."""
 
@@ -517,9 +598,7 @@ class TrainerConfig(TrexModel):
             self.routing.mtp_weight_drop_step = NEVER if start is None else start
         if self.mode == "opd" and not self.opd.teachers:
             raise ValueError("opd.teachers: at least one teacher is required when mode is 'opd'")
-        if self.mode == "opd" and not self.opd.prompts:
-            raise ValueError("opd.prompts: a JSONL prompt file is required when mode is 'opd'")
-        if self.data.global_batch_size % self.data.micro_batch_size:
+        if self.mode not in ("grpo", "opd") and self.data.global_batch_size % self.data.micro_batch_size:
             raise ValueError(
                 f"data.globalBatchSize: {self.data.global_batch_size} must be a multiple of "
                 f"data.microBatchSize ({self.data.micro_batch_size})"
@@ -602,7 +681,20 @@ def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
     if cfg.parallelism.pp > 1:
         out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
                     "set 1"))
+    if cfg.mode == "grpo":
+        p = cfg.parallelism
+        for name, degree in (("tp", p.tp), ("ep", p.ep), ("etp", p.etp)):
+            if degree > 1:
+                out.append((f"parallelism.{name}", f"{degree}: mode 'grpo' decodes its rollouts on a whole model "
+                            "replica per data-parallel rank; tensor and expert parallelism are not run in grpo yet "
+                            "(set 1)"))
+                break
     return out
+
+
+GRPO_NEEDS_PROMPTS = ("mode 'grpo' needs prompts with ground truths: an ORDataJob's prompts rendering (dataFrom) "
+                      "or a benchmark file")
+OPD_NEEDS_PROMPTS = "mode 'opd' needs prompts: an ORDataJob's prompts rendering (dataFrom) or a benchmark file"
 
 
 def opd_world_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:

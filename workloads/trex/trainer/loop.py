@@ -32,13 +32,24 @@ from trex.runtime.device import (
     supports_dtype,
 )
 from trex.trainer.build import build_checkpointer, build_layout, build_model_and_optimizers, ns_dtype
-from trex.trainer.config import TrainerConfig, opd_world_problems, resolved_model_values, support_problems
+from trex.trainer.config import (
+    GRPO_NEEDS_PROMPTS,
+    OPD_NEEDS_PROMPTS,
+    TrainerConfig,
+    opd_world_problems,
+    resolved_model_values,
+    support_problems,
+)
 from trex.trainer.data.build import build_data
+from trex.trainer.data.loader import PackedLoader, SampleLoader
 from trex.trainer.data.sources import DataError
 from trex.trainer.kernels import install_for
 from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, schedule_factor
 from trex.trainer.optim.schedule import global_batch_at, micro_steps, seq_len_at
 from trex.trainer.optim.swap import SwapOptimizers, SwapStats
+from trex.trainer.rl.prompts import build_prompts
+from trex.trainer.rl.reward import Verifier
+from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, default_verifier
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
 
 if TYPE_CHECKING:
@@ -57,7 +68,7 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
     """Cross-field checks the schema cannot express: batch sizes vs micro-batch x dp, sequence lengths."""
     out: list[tuple[str, str]] = []
     per_step = cfg.data.micro_batch_size * dp
-    if cfg.data.global_batch_size % per_step:
+    if cfg.mode not in ("grpo", "opd") and cfg.data.global_batch_size % per_step:  # promptsPerStep x samples
         out.append(("data.globalBatchSize", f"{cfg.data.global_batch_size} is not a multiple of "
                     f"microBatchSize x dp = {per_step}"))
     for i, r in enumerate(cfg.optimizer.batch_ramp):
@@ -94,6 +105,13 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
             out.append(("checkpoint.exportHfEvery", f"this model has no Hugging Face export: {e}"))
     if cfg.checkpoint.init_from_hf is not None and not Path(cfg.checkpoint.init_from_hf).is_dir():
         out.append(("checkpoint.initFromHf", f"{cfg.checkpoint.init_from_hf} is not a directory"))
+    if cfg.mode == "grpo" and cfg.data.train is None:
+        out.append(("data.train", GRPO_NEEDS_PROMPTS))
+    if cfg.mode == "opd" and cfg.data.train is None:
+        out.append(("data.train", OPD_NEEDS_PROMPTS))
+    if cfg.mode == "grpo" and cfg.grpo.prompts_per_step % dp:
+        out.append(("grpo.promptsPerStep", f"{cfg.grpo.prompts_per_step} is not a multiple of the {dp} "
+                    "data-parallel rank(s) (each rank samples whole groups)"))
     p = cfg.parallelism
     if p.dp is not None and p.dp != dp:
         out.append(("parallelism.dp", f"{p.dp} does not match the {dp} data-parallel rank(s) of this run"))
@@ -123,6 +141,8 @@ class StepRecord:
     """Gradient sync, clipping, optimizer step and expert-bias update."""
     swap: SwapStats | None = None
     """The swap optimizer's transfers in this step (None: swap off or the step was skipped)."""
+    grpo: GRPOStats | None = None
+    """mode grpo: rewards, KL, clipping, lengths, verifier outcomes and the rollout / verify / train split."""
     opd: OPDStepInfo | None = None
     """Distillation statistics (mode opd)."""
 
@@ -216,23 +236,40 @@ class Telemetry:
                    **{f"opd_{k}_seconds": v for k, v in o.seconds.items()},
                    "opd_cache_hit_bytes": o.cache_hit_bytes, "opd_cache_spilled_bytes": o.cache_spilled_bytes,
                    "opd_teacher_switches": o.teacher_switches, "opd_teacher_loads": o.teacher_loads}
+        rl: dict[str, float] = {}
+        if rec.grpo is not None:
+            rl = grpo_record(rec.grpo)
+            for name, value in rl.items():
+                e.metric(f"trex_train_{name}", job_name=job).set(value)
+            for outcome, n in rec.grpo.outcomes.items():
+                e.metric("trex_train_verifier_outcomes_total", job_name=job, outcome=outcome).inc(n)
         self.jsonl.write({
             "step": rec.step, "loss": rec.loss, **{f"loss_{k}": v for k, v in rec.parts.items()},
             "grad_norm": rec.grad_norm, **{f"lr_{k}": v for k, v in rec.lr.items()}, "tokens": rec.tokens,
             "step_seconds": rec.seconds, "compute_seconds": rec.compute_seconds,
             "optimizer_seconds": rec.optimizer_seconds, "tokens_per_second": rec.tokens / max(rec.seconds, 1e-9), "mfu": mfu,
             "skipped": rec.skipped, "spike": rec.spike, "anticipatory": rec.anticipatory,
-            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch, **swap, **opd,
+            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch, **swap, **rl, **opd,
+            **({"verifier_outcomes": rec.grpo.outcomes} if rec.grpo is not None else {}),
         })
+
+
+def grpo_record(st: GRPOStats) -> dict[str, float]:
+    """A GRPO step's gauges (trex_train_<name>) and JSONL fields."""
+    return {"reward_mean": st.reward_mean, "reward_std": st.reward_std, "kl": st.kl,
+            "clip_fraction": st.clip_fraction, "response_length": st.response_length,
+            "rollout_seconds": st.rollout_seconds, "verify_seconds": st.verify_seconds,
+            "rl_train_seconds": st.train_seconds}
 
 
 class Trainer:
     """Owns one run's objects. ``group`` is the job's world process group (None: single process); the
-    parallel layout (trex.trainer.parallel) comes from config.parallelism and the world size."""
+    parallel layout (trex.trainer.parallel) comes from config.parallelism and the world size. ``verifier``
+    (mode grpo) replaces the OR verifier the config describes."""
 
     def __init__(self, cfg: TrainerConfig, out_dir: str | Path = ".", *, group: Any = None,
                  log: Callable[[str], None] | None = None, job_name: str = "local", metrics_port: int | None = None,
-                 measure_peak: bool = True) -> None:
+                 measure_peak: bool = True, verifier: Verifier | None = None) -> None:
         import torch.distributed as dist
 
         from trex.trainer.parallel.mesh import ParallelDims, dense_coordinates
@@ -266,9 +303,23 @@ class Trainer:
         self.meshes = self.layout.meshes
         self.dp_group: Any = self.layout.dp_group
         self.parallel: Any = None
+        self.reference: nn.Module | None = None
         try:
-            self.tokenizer, self.loader, self.format = build_data(
-                cfg.data, self.ckpt_dir.parent / "tokenizer", int(str(resolved_model_values(cfg.model)["vocab_size"])))
+            self.loader: PackedLoader | SampleLoader | None = None
+            self.grpo: GRPORun | None = None
+            self.opd: OPDRun | None = None
+            vocab = int(str(resolved_model_values(cfg.model)["vocab_size"]))
+            if cfg.mode in ("grpo", "opd"):
+                self.tokenizer, items = build_prompts(cfg, self.ckpt_dir.parent / "tokenizer", vocab)
+                self.format = "prompts"
+            if cfg.mode == "grpo":
+                self.grpo = GRPORun(cfg, self.tokenizer, items, verifier or default_verifier(cfg),
+                                    self.ckpt_dir / WAL_DIR, self.dp_rank, self.dims.dp, self._sum_over_ranks)
+            elif cfg.mode == "opd":
+                self.opd = self._opd_run(items, vocab)
+            else:
+                self.tokenizer, self.loader, self.format = build_data(cfg.data, self.ckpt_dir.parent / "tokenizer",
+                                                                      vocab)
         except DataError as e:
             raise ConfigProblem("data.train", str(e)) from None
         except ValueError as e:
@@ -278,7 +329,6 @@ class Trainer:
             raise
         self.model, self.opts = self._fresh()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opd: OPDRun | None = self._opd_run() if cfg.mode == "opd" else None
         self.detector = SpikeDetector(cfg.stability.window, cfg.stability.z_threshold, cfg.stability.warmup_steps,
                                       cfg.stability.cooldown_steps)
         self.anticipatory = self._anticipatory()
@@ -300,15 +350,14 @@ class Trainer:
         self.parallel = built.parallel
         return built.model, built.opts
 
-    def _opd_run(self) -> OPDRun:
-        """The prompts, teachers and sampling of mode opd (problems named by their field)."""
+    def _opd_run(self, items: list[Any], vocab: int) -> OPDRun:
+        """The prompts' teachers, the teacher pool and the sampling of mode opd (problems named by their field)."""
         from trex.runtime.device import torch_dtype
         from trex.trainer.distill.run import OPDRun
 
-        m = resolved_model_values(self.cfg.model)
         try:
-            return OPDRun(self.cfg, self.device.torch_device(), torch_dtype(self.cfg.model.dtype), self.tokenizer,
-                          self.ckpt_dir, int(str(m["vocab_size"])), int(str(m["max_seq_len"])))
+            return OPDRun(self.cfg, self.tokenizer, items, self.device.torch_device(), torch_dtype(self.cfg.model.dtype),
+                          self.ckpt_dir, vocab)
         except ValueError as e:
             field_path, _, rest = str(e).partition(": ")
             raise ConfigProblem(field_path, rest) from None
@@ -383,7 +432,7 @@ class Trainer:
     # --- state --------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         """Everything besides model and optimizers that a bit-identical resume needs."""
-        return {"step": self.step, "data": self.loader.state_dict(), "spike": self.detector.state_dict(),
+        return {"step": self.step, "data": self.loader.state_dict() if self.loader is not None else {}, "spike": self.detector.state_dict(),
                 "anticipatory": self.anticipatory.state_dict(), "rng": rng_state(self.device.kind),
                 "counters": {"skipped": self.skipped, "spikes": self.spikes, "tokens": self.tokens_seen},
                 "scheduler": {"step": self.step}}
@@ -415,7 +464,8 @@ class Trainer:
             self.opts.offload()  # the loaded states go to host memory now, not at the first step
         x = loaded.extra
         self.step = int(x["step"])
-        self.loader.load_state_dict(x["data"])
+        if self.loader is not None:
+            self.loader.load_state_dict(x["data"])
         self.detector.load_state_dict(x["spike"])
         self.anticipatory.load_state_dict(x["anticipatory"])
         set_rng_state(x["rng"], self.device.kind)
@@ -429,21 +479,86 @@ class Trainer:
     # --- one step -----------------------------------------------------------------------------
     def train_step(self) -> StepRecord:
         """One optimizer step (with accumulation, guard, clipping, bias update and spike handling)."""
-        from trex.trainer.model import compute_loss, update_expert_bias
+        from trex.trainer.model import update_expert_bias
 
-        if self.opd is not None:
-            return self._opd_step()
         cfg, s = self.cfg, self.step
         t0 = time.perf_counter()
+        self.anticipatory.snapshot()
+        anticipatory = self.anticipatory.prepare(s)
+        grpo: GRPOStats | None = None
+        opd: OPDStepInfo | None = None
+        if self.grpo is not None:
+            parts_sum, counts, total_valid, tokens, seq_len, gbatch, grpo = self._grpo_backward(s)
+            loss_key = "grpo"
+        elif self.opd is not None:
+            parts_sum, counts, total_valid, tokens, seq_len, gbatch, opd = self._opd_backward(s)
+            loss_key = "opd"
+        else:
+            parts_sum, counts, total_valid, tokens, seq_len, gbatch = self._lm_backward(s)
+            loss_key = "lm"
+        model: Any = self.model
+        dev = self.device.torch_device()
+        t_compute = time.perf_counter()
+        if self.meshes is not None:
+            from trex.trainer.parallel.grads import clip_grads
+
+            keys = sorted(set(parts_sum) | {"lm", "mtp", "balance", "indexer", "total"})
+            parts_sum = dict(zip(keys, self._sum_over_ranks([parts_sum.get(k, 0.0) for k in keys]), strict=True))
+            if counts is None:
+                counts = torch.zeros(model.args.n_moe_layers, model.args.n_routed_experts, dtype=torch.long,
+                                     device=dev)
+            grad_norm = clip_grads(self.params, cfg.optimizer.grad_clip)
+        else:
+            grad_norm = clip_grad_norm(self.params, cfg.optimizer.grad_clip)
+        lm_loss = parts_sum.get(loss_key, float("nan")) if total_valid > 0 else float("nan")
+        skipped = not finite(lm_loss, parts_sum.get("total", lm_loss), grad_norm)
+        spike = False
+        self.opts.set_lr_factor(schedule_factor(cfg.optimizer, s, cfg.max_steps))
+        if skipped:
+            self.skipped += 1
+            why = ("no loss tokens in the global batch" if total_valid == 0 else
+                   f"non-finite loss or gradient norm (loss={lm_loss}, grad_norm={grad_norm})")
+            self.log(f"step {s}: {why}; step skipped")
+        else:
+            self.opts.step()
+            if counts is not None and counts.numel():
+                update_expert_bias(model, counts, cfg.routing.bias_update_speed, group=self.group)
+                if self.group is not None:  # the same global counts for the load statistics
+                    import torch.distributed as dist
+
+                    dist.all_reduce(counts, group=self.group)
+            # GRPO and OPD losses are no language-model loss (their level moves with the rewards or the
+            # teachers), so no spike detection.
+            if cfg.stability.enabled and loss_key == "lm" and self.detector.observe(s, lm_loss):
+                spike = True
+                self.spikes += 1
+                self.anticipatory.trigger(s)
+                self.log(f"step {s}: loss spike ({lm_loss:.4f}); anticipatory routing for "
+                         f"{cfg.stability.anticipatory_window} steps (Δt={cfg.stability.anticipatory_delta})")
+        self.opts.zero_grad()
+        t_end = time.perf_counter()
+        self.tokens_seen += tokens
+        self.step += 1
+        return StepRecord(step=self.step, loss=lm_loss, parts=parts_sum, grad_norm=grad_norm, lr=self.opts.lr(),
+                          tokens=tokens, seconds=t_end - t0, skipped=skipped, spike=spike,
+                          anticipatory=anticipatory, load_cv=load_cv(counts) if counts is not None else 0.0,
+                          seq_len=seq_len, global_batch=gbatch, compute_seconds=t_compute - t0,
+                          optimizer_seconds=t_end - t_compute,
+                          swap=self.opts.last if isinstance(self.opts, SwapOptimizers) and not skipped else None,
+                          grpo=grpo, opd=opd)
+
+    def _lm_backward(self, s: int) -> tuple[dict[str, float], torch.Tensor | None, float, int, int, int]:
+        """Forward and backward of the language-model loss over the step's micro-batches (batch ramp, sequence
+        curriculum). Returns (loss parts, expert counts, valid tokens over all ranks, tokens, seqLen, batch)."""
+        from trex.trainer.model import compute_loss
+
+        cfg, model, dev = self.cfg, self.model, self.device.torch_device()
         seq_len = seq_len_at(s, [(c.step, c.seq_len) for c in cfg.data.seq_len_curriculum], cfg.data.seq_len)
         gbatch = global_batch_at(s, [(r.step, r.global_batch_size) for r in cfg.optimizer.batch_ramp],
                                  cfg.data.global_batch_size)
         dp = self.dims.dp
         n_micro = micro_steps(gbatch, cfg.data.micro_batch_size, dp)
-        self.anticipatory.snapshot()
-        anticipatory = self.anticipatory.prepare(s)
-        model: Any = self.model
-        dev = self.device.torch_device()
+        assert self.loader is not None
         batches = [self.loader.next_batch(cfg.data.micro_batch_size, seq_len, self.dp_rank, dp)
                    for _ in range(n_micro)]
         # Token-weighted mean over the whole global batch: micro-batch i weighs (its loss tokens) / (all of
@@ -467,94 +582,48 @@ class Trainer:
             counts = c if counts is None else counts + c
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v * weight
-        t_compute = time.perf_counter()
-        if self.meshes is not None:
-            from trex.trainer.parallel.grads import clip_grads
-
-            keys = sorted(set(parts_sum) | {"lm", "mtp", "balance", "indexer", "total"})
-            parts_sum = dict(zip(keys, self._sum_over_ranks([parts_sum.get(k, 0.0) for k in keys]), strict=True))
-            if counts is None:
-                counts = torch.zeros(model.args.n_moe_layers, model.args.n_routed_experts, dtype=torch.long,
-                                     device=dev)
-            grad_norm = clip_grads(self.params, cfg.optimizer.grad_clip)
-        else:
-            grad_norm = clip_grad_norm(self.params, cfg.optimizer.grad_clip)
-        lm_loss = parts_sum.get("lm", float("nan")) if total_valid > 0 else float("nan")
-        skipped = not finite(lm_loss, parts_sum.get("total", lm_loss), grad_norm)
-        spike = False
-        self.opts.set_lr_factor(schedule_factor(cfg.optimizer, s, cfg.max_steps))
-        if skipped:
-            self.skipped += 1
-            why = ("no loss tokens in the global batch" if total_valid == 0 else
-                   f"non-finite loss or gradient norm (loss={lm_loss}, grad_norm={grad_norm})")
-            self.log(f"step {s}: {why}; step skipped")
-        else:
-            self.opts.step()
-            if counts is not None and counts.numel():
-                update_expert_bias(model, counts, cfg.routing.bias_update_speed, group=self.group)
-                if self.group is not None:  # the same global counts for the load statistics
-                    import torch.distributed as dist
-
-                    dist.all_reduce(counts, group=self.group)
-            if cfg.stability.enabled and self.detector.observe(s, lm_loss):
-                spike = True
-                self.spikes += 1
-                self.anticipatory.trigger(s)
-                self.log(f"step {s}: loss spike ({lm_loss:.4f}); anticipatory routing for "
-                         f"{cfg.stability.anticipatory_window} steps (Δt={cfg.stability.anticipatory_delta})")
-        self.opts.zero_grad()
-        t_end = time.perf_counter()
         tokens = cfg.data.micro_batch_size * n_micro * seq_len * dp
-        self.tokens_seen += tokens
-        self.step += 1
-        return StepRecord(step=self.step, loss=lm_loss, parts=parts_sum, grad_norm=grad_norm, lr=self.opts.lr(),
-                          tokens=tokens, seconds=t_end - t0, skipped=skipped, spike=spike,
-                          anticipatory=anticipatory, load_cv=load_cv(counts) if counts is not None else 0.0,
-                          seq_len=seq_len, global_batch=gbatch, compute_seconds=t_compute - t0,
-                          optimizer_seconds=t_end - t_compute,
-                          swap=self.opts.last if isinstance(self.opts, SwapOptimizers) and not skipped else None)
+        return parts_sum, counts, total_valid, tokens, seq_len, gbatch
 
-    def _opd_step(self) -> StepRecord:
-        """One on-policy distillation step (single process): the student's rollouts, the teachers' pass and
-        the reverse-KL backward (trex.trainer.distill), then the guarded optimizer step."""
-        from trex.trainer.model import update_expert_bias
-
-        assert self.opd is not None
-        cfg, s, run = self.cfg, self.step, self.opd
-        model: Any = self.model
+    def _grpo_backward(self, s: int) -> tuple[dict[str, float], torch.Tensor | None, float, int, int, int,
+                                              GRPOStats]:
+        """mode grpo: rollouts of the step's prompts with the current weights, their rewards, and the backward of
+        the GRPO loss (trex.trainer.rl.step). Same returns as _lm_backward, plus the step's statistics."""
+        run = self.grpo
+        assert run is not None
+        dev = self.device.torch_device()
         t0 = time.perf_counter()
+        with unsharded(self.model):
+            rollouts, items = run.rollout(self.model, s)
+        t1 = time.perf_counter()
+        rewards = run.score(rollouts, items)
+        t2 = time.perf_counter()
+        parts, counts, loss_stats = run.backward(self.model, self.reference, rollouts, rewards, dev,
+                                                 lambda: self._autocast(dev))
+        t3 = time.perf_counter()
+        stats = run.stats(rollouts, rewards, loss_stats, (t1 - t0, t2 - t1, t3 - t2))
+        valid = self._sum_over_ranks([float(sum(len(r.tokens) - sum(r.stale) for r in rollouts)),
+                                      float(sum(len(r.prompt) + len(r.tokens) for r in rollouts))])
+        seq_len = max(len(r.prompt) + len(r.tokens) for r in rollouts)
+        return ({**parts, "total": parts["grpo"]}, counts, valid[0], int(valid[1]), seq_len, stats.responses,
+                stats)
+
+    def _opd_backward(self, s: int) -> tuple[dict[str, float], torch.Tensor | None, float, int, int, int,
+                                             OPDStepInfo]:
+        """mode opd: rollouts of the step's prompts with the current weights, the teachers' pass and the backward of
+        the reverse KL (trex.trainer.distill). Same returns as _lm_backward, plus the step's statistics."""
+        run = self.opd
+        assert run is not None
         with self._autocast(self.device.torch_device()):
-            stats = run.step(model, s)
-        t_compute = time.perf_counter()
-        grad_norm = clip_grad_norm(self.params, cfg.optimizer.grad_clip)
-        skipped = not finite(stats.loss, grad_norm)
-        self.opts.set_lr_factor(schedule_factor(cfg.optimizer, s, cfg.max_steps))
-        if skipped:
-            self.skipped += 1
-            self.log(f"step {s}: non-finite loss or gradient norm (loss={stats.loss}, grad_norm={grad_norm}); "
-                     "step skipped")
-        else:
-            self.opts.step()
-            if stats.expert_counts is not None and stats.expert_counts.numel():
-                update_expert_bias(model, stats.expert_counts, cfg.routing.bias_update_speed, group=self.group)
-        self.opts.zero_grad()
-        t_end = time.perf_counter()
-        pool = run.pool
-        cache, teachers = pool.cache.take_stats(), pool.take_stats()
+            stats = run.step(self.model, s)
+        cache, teachers = run.pool.cache.take_stats(), run.pool.take_stats()
         info = OPDStepInfo(kl=stats.kl, entropy=stats.entropy, response_length=stats.response_length,
                            seconds=stats.seconds, cache_hit_bytes=cache.hit_bytes,
                            cache_spilled_bytes=cache.spilled_bytes, teacher_switches=teachers.switches,
                            teacher_loads=teachers.trunk_loads)
-        self.tokens_seen += stats.tokens
-        self.step += 1
-        counts = stats.expert_counts
-        return StepRecord(step=self.step, loss=stats.loss, parts={"kl": stats.loss}, grad_norm=grad_norm,
-                          lr=self.opts.lr(), tokens=stats.tokens, seconds=t_end - t0, skipped=skipped, spike=False,
-                          anticipatory=False, load_cv=load_cv(counts) if counts is not None else 0.0,
-                          seq_len=stats.seq_len, global_batch=cfg.opd.prompts_per_step
-                          * cfg.opd.samples_per_prompt, compute_seconds=t_compute - t0,
-                          optimizer_seconds=t_end - t_compute, opd=info,
-                          swap=self.opts.last if isinstance(self.opts, SwapOptimizers) and not skipped else None)
+        parts = {"opd": stats.loss, "total": stats.loss}
+        responses = self.cfg.opd.prompts_per_step * self.cfg.opd.samples_per_prompt
+        return parts, stats.expert_counts, float(stats.tokens), stats.sequence_tokens, stats.seq_len, responses, info
 
     def _autocast(self, dev: torch.device) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast around forward and loss when model.autocast asks for it, else nothing."""
@@ -574,8 +643,11 @@ class Trainer:
 
     # --- the run ------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Resume from the newest verified checkpoint, else initialise from Hugging Face weights when configured."""
+        """Resume from the newest verified checkpoint, else initialise from Hugging Face weights when configured
+        (mode grpo with a KL term: build the reference policy first)."""
         cfg = self.cfg
+        if self.grpo is not None and cfg.grpo.kl_coef > 0:
+            self.reference = self._reference()
         if cfg.checkpoint.resume and self.resume():
             return
         if cfg.checkpoint.init_from_hf:
@@ -589,6 +661,23 @@ class Trainer:
                 state: dict[str, Any] = dict(hf_state_for(self.model, cfg.checkpoint.init_from_hf))  # type: ignore[arg-type]
                 set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
             self.log(f"initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
+
+    def _reference(self) -> nn.Module:
+        """GRPO's frozen reference policy: the run's initial weights (its seed's initialisation, or
+        checkpoint.initFromHf), rebuilt on every start so a resumed run keeps the same reference. One whole copy per
+        process, in the model dtype."""
+        from trex.runtime.device import torch_dtype
+        from trex.trainer.model import build_model
+
+        cfg = self.cfg
+        ref = build_model(cfg.model, device=self.device.torch_device(), dtype=torch_dtype(cfg.model.dtype),
+                          seed=cfg.seed)
+        if cfg.checkpoint.init_from_hf:
+            from trex.trainer.hf import load_hf_into
+
+            load_hf_into(ref, cfg.checkpoint.init_from_hf)
+        ref.requires_grad_(False)
+        return ref.eval()
 
     def request_stop(self, *_: Any) -> None:
         """Finish the current step, checkpoint and return (SIGTERM handler)."""
@@ -645,6 +734,35 @@ class Trainer:
         from trex.trainer import mfu as mfu_mod
 
         return float(mfu_mod.flops_per_token(resolved_model_values(self.cfg.model), seq_len))
+
+
+@contextlib.contextmanager
+def unsharded(model: nn.Module) -> Any:
+    """Every FSDP2 unit of ``model`` gathered, and kept gathered across forwards, inside the block (rollouts decode
+    one token per forward: no all-gathers per token, and ranks need not decode in step); nothing in one process."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield
+        return
+    before = [reshards_after_forward(u) for u in units]
+    for u in units:
+        u.set_reshard_after_forward(False, recurse=False)
+        u.unshard()
+    try:
+        yield
+    finally:
+        for u, b in zip(units, before, strict=True):
+            u.reshard()
+            u.set_reshard_after_forward(b, recurse=False)
+
+
+def reshards_after_forward(unit: Any) -> bool:
+    """Whether an FSDP2 unit frees its gathered parameters after each forward (FSDP2 keeps this per parameter group
+    and has no public getter)."""
+    groups = unit._get_fsdp_state()._fsdp_param_groups
+    return any(g.post_forward_mesh_info is not None for g in groups)
 
 
 def install_sigterm(trainer: Trainer) -> None:

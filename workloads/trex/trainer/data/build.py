@@ -57,8 +57,8 @@ def build_data(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokeni
     return tok, SampleLoader(docs, cfg.seed, 0 if pad is None else int(pad)), fmt
 
 
-def packing_line(loader: PackedLoader | SampleLoader, seq_len: int) -> str | None:
-    """What the SFT packing policy does to this corpus at ``seq_len`` (None for streamed text)."""
+def packing_line(loader: PackedLoader | SampleLoader | None, seq_len: int) -> str | None:
+    """What the SFT packing policy does to this corpus at ``seq_len`` (None for streamed text and GRPO prompts)."""
     if not isinstance(loader, SampleLoader):
         return None
     c = policy_counts(loader.docs, seq_len)

@@ -69,6 +69,8 @@ class OPDStats:
     """Mean response tokens per sample."""
     seq_len: int
     """Length of the packed batch (longest prompt + response)."""
+    sequence_tokens: int = 0
+    """Prompt + response tokens of every sample (what the student's forward reads, padding aside)."""
     expert_counts: torch.Tensor | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     """rollout, teacher and student wall seconds."""
@@ -77,12 +79,13 @@ class OPDStats:
 def opd_backward(student: DeepSeekModel, batch: OPDBatch, pool: TeacherPool, *, estimator: Estimator,
                  chunk_size: int) -> OPDStats:
     """Teacher pass, student forward, per-teacher KL and backward (gradients accumulate into the student's
-    .grad). Returns the step's statistics (timings of the teacher and student parts)."""
+    .grad). Returns the step's statistics (timings of the teacher and student parts; tokens 0 when no response
+    has a token)."""
     device = pool.device
     weights = {label: t.weight for label, t in pool.teachers.items()}
     groups = teacher_groups(pool.labels, batch.teachers, batch.mask, weights)
-    if not groups:
-        raise ValueError("no response tokens to distill on (every response is empty or unassigned)")
+    if not groups:  # every response empty (the prompts filled the context): nothing to learn, no backward
+        return OPDStats(loss=0.0, kl={}, entropy=0.0, tokens=0, response_length=0.0, seq_len=batch.input_ids.shape[1])
     t0 = time.perf_counter()
     pool.teacher_pass(batch.input_ids, groups)
     t1 = time.perf_counter()
@@ -127,4 +130,5 @@ def opd_step(student: DeepSeekModel, prompts: Sequence[Sequence[int]], teachers:
     batch = pack(rollouts, [list(t) for t in teachers for _ in range(g)])
     stats = opd_backward(student, batch, pool, estimator=estimator, chunk_size=chunk_size)
     stats.seconds["rollout"] = t1 - t0
+    stats.sequence_tokens = sum(len(r.prompt) + len(r.tokens) for r in rollouts)
     return stats
