@@ -133,7 +133,8 @@ def test_mixed_batch_streams_one_head_per_teacher(tmp_path: Path) -> None:
 
 
 def test_pack_masks_prompt_and_padding() -> None:
-    rs = [Rollout(0, [5, 6, 7], tokens=[1, 2]), Rollout(1, [9], tokens=[3, 4, 8])]
+    rs = [Rollout(0, [5, 6, 7], tokens=[1, 2], logprobs=[-1.0] * 2, versions=[0] * 2),
+          Rollout(1, [9], tokens=[3, 4, 8], logprobs=[-1.0] * 3, versions=[0] * 3)]
     b = pack(rs, [["t"], ["t"]])
     assert b.input_ids.tolist() == [[5, 6, 7, 1, 2], [9, 3, 4, 8, 0]]
     assert b.mask.tolist() == [[False, False, True, True, False], [True, True, True, False, False]]

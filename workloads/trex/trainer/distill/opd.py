@@ -18,6 +18,7 @@ import torch
 from trex.trainer.distill.kl import Estimator, reverse_kl, token_coefficients
 from trex.trainer.distill.teacher import TeacherPool, teacher_groups
 from trex.trainer.model.model import DeepSeekModel
+from trex.trainer.rl.step import pack as rl_pack
 from trex.trainer.rollout import Rollout, SamplingParams, generate
 
 
@@ -39,19 +40,10 @@ class OPDBatch:
 
 
 def pack(rollouts: Sequence[Rollout], teachers: Sequence[Sequence[str]], pad_id: int = 0) -> OPDBatch:
-    """The rollouts as one right-padded batch (the model is causal: padding after a sequence changes nothing
-    before it)."""
-    seqs = [r.prompt + r.tokens for r in rollouts]
-    length = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    targets = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), length), dtype=torch.bool)
-    for b, (r, s) in enumerate(zip(rollouts, seqs, strict=True)):
-        ids[b, :len(s)] = torch.tensor(s)
-        targets[b, :len(s) - 1] = torch.tensor(s[1:])
-        p = len(r.prompt)
-        mask[b, p - 1:p - 1 + len(r.tokens)] = True
-    return OPDBatch(ids, mask, targets, [list(t) for t in teachers])
+    """The rollouts as one right-padded batch, laid out as GRPO's (:func:`trex.trainer.rl.step.pack`; the model is
+    causal: padding after a sequence changes nothing before it)."""
+    b = rl_pack(rollouts, pad_id)
+    return OPDBatch(b.input_ids, b.mask, b.targets, [list(t) for t in teachers])
 
 
 @dataclass
