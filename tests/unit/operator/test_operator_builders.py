@@ -263,6 +263,7 @@ def test_references_without_shareable_storage_keep_the_path() -> None:
     assert training_files("/refs/d/o", "sft") == "/refs/d/o/merged/sft-*.jsonl"
     assert training_files("/refs/d/o", "cpt") == "/refs/d/o/merged/cpt-*.jsonl"
     assert training_files("/refs/d/o", "grpo") == "/refs/d/o/merged/prompts-*.jsonl"
+    assert training_files("/refs/d/o", "opd") == "/refs/d/o/merged/prompts-*.jsonl"
 
 
 @pytest.mark.parametrize(("step", "checkpoint", "why"), [
