@@ -138,7 +138,9 @@ def train_checkpoint_ref(body: dict[str, Any], step: int | None) -> tuple[RefMou
 def training_files(corpus_dir: str, mode: str) -> str:
     """The merged ORData files a trainer mode reads: chat samples for SFT/OPD, prompts with their solver-verified
     truths for GRPO, text documents otherwise."""
-    rendering = "sft" if mode in ("sft", "opd") else "prompts" if mode == "grpo" else "cpt"
+    if mode == "grpo":
+        return posixpath.join(corpus_dir, "prompts", "prompts-*.jsonl")
+    rendering = "sft" if mode in ("sft", "opd") else "cpt"
     return posixpath.join(corpus_dir, "merged", f"{rendering}-*.jsonl")
 
 
