@@ -15,10 +15,12 @@ import torch
 import trex.trainer.build as build_mod
 from optimizer_states import assert_identical
 from trex.config_base import load_section
-from trex.runtime.copy_engine import LatencyCopyEngine
+from trex.runtime.copy_engine import LatencyCopyEngine, ThreadCopyEngine
 from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
 from trex.trainer.optim import swap
+from trex.trainer.optim.build import Optimizers
+from trex.trainer.optim.muon import Muon
 from trex.trainer.optim.swap import SwapOptimizers, SwapStats, plan_buckets
 
 STEPS = 5
@@ -158,3 +160,39 @@ def test_checkpoint_and_resume_with_swap_equals_an_uninterrupted_run(tmp_path: P
     second.run(STEPS)
     assert second.step == STEPS
     assert_identical(bucketed["fp32"], _states(second))
+
+
+class _Counting(ThreadCopyEngine):
+    """Counts transfers (one per copy_many) by direction."""
+
+    def __init__(self) -> None:
+        super().__init__(lanes=2)
+        self.counts = {False: 0, True: 0}
+
+    def copy_many(self, pairs: Any, *, after: Any = (), to_host: bool = False) -> Any:
+        self.counts[to_host] += 1
+        return super().copy_many(pairs, after=after, to_host=to_host)
+
+
+def test_the_first_copy_in_starts_in_the_backward() -> None:
+    """The first gradient of a backward starts the next step's first copy-in (its states do not depend on
+    the gradients); the step then copies the other buckets in, and the result equals no prefetch."""
+    torch.manual_seed(0)
+    init = [torch.randn(8, 8) for _ in range(4)]
+    results = []
+    for prefetch in (True, False):
+        params = [torch.nn.Parameter(x.clone()) for x in init]
+        engine = _Counting()
+        opts = SwapOptimizers(Optimizers(Muon(params), None), buffers=2, bucket_bytes=8 * 8 * 4, engine=engine,
+                              device_kind="cpu", prefetch=prefetch)
+        for step in range(3):
+            sum((p.square() * (step + 1)).sum() for p in params).backward()  # type: ignore[union-attr]
+            if step and prefetch:  # states exist from the first step on: bucket 0 is on its way in
+                assert engine.counts[False] == 4 * (step - 1) + 1
+            opts.step()
+            opts.zero_grad()
+            assert engine.counts == {False: 4 * step, True: 4 * (step + 1)}  # no copy-in twice
+        opts.close()
+        engine.close()
+        results.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
