@@ -2,7 +2,9 @@
 device bucket buffers during the optimizer step.
 
 The states of every parameter are split into buckets of whole parameters (whole matrices and expert
-stacks, so Newton-Schulz sees complete matrices; with FSDP2 each rank moves only its local shards). A
+stacks, so Newton-Schulz sees complete matrices; with FSDP2 each rank moves only its local shards). Muon's
+buckets are made of whole Newton-Schulz batches (``trex.trainer.optim.muon.ns_batches``), so each matrix
+is orthogonalised in the same batched call as without swap, whatever the bucket size. A
 step walks the buckets in order with up to ``buffers`` of them on the device: while bucket i is updated,
 bucket i + 1 (up to i + buffers - 1) is copied in and bucket i - 1 is written back, through a
 :mod:`trex.runtime.copy_engine` engine. A copy-in into a buffer starts after the write-back of that
@@ -31,6 +33,7 @@ from trex.runtime.copy_engine import CopyEngine, CopyHandle, make_copy_engine
 from trex.trainer.config import SwapConfig
 from trex.trainer.model.layers import local_tensor
 from trex.trainer.optim.build import Optimizers
+from trex.trainer.optim.muon import ns_batches
 
 _ALIGN = 64
 """Byte alignment of each state tensor inside a bucket buffer."""
@@ -66,7 +69,7 @@ class SwapStats:
 
 @dataclass(frozen=True)
 class Bucket:
-    """Consecutive whole parameters of one optimizer."""
+    """Whole parameters of one optimizer (for Muon, whole Newton-Schulz batches)."""
 
     optimizer: str
     """"muon" or "adamw"."""
@@ -160,13 +163,21 @@ class SwapOptimizers(Optimizers):
                        for b in self.buckets for p in b.params] if prefetch else []
 
     def _plan(self) -> list[Bucket]:
+        """AdamW: consecutive whole parameters up to the bucket size. Muon: consecutive whole Newton-Schulz
+        batches (``ns_batches`` per param group), so a bucket's step batches exactly as the step over all
+        parameters does and gives the same bits for any bucket size."""
         out: list[Bucket] = []
         for name, opt, factor in (("muon", self.muon, 1), ("adamw", self.adamw, 2)):
             if opt is None:
                 continue
-            params = [p for g in opt.param_groups for p in g["params"]]
-            sizes = [p.numel() * p.element_size() * factor for p in params]  # global shapes: equal on every rank
-            out.extend(Bucket(name, tuple(params[i] for i in idx)) for idx in plan_buckets(sizes, self.bucket_bytes))
+            atoms: list[list[torch.Tensor]] = []
+            for g in opt.param_groups:
+                params = list(g["params"])  # global shapes: equal on every rank
+                atoms += ([[params[i] for i in b] for b in ns_batches([p.shape for p in params])] if name == "muon"
+                          else [[p] for p in params])
+            sizes = [sum(p.numel() * p.element_size() * factor for p in a) for a in atoms]
+            out.extend(Bucket(name, tuple(p for i in idx for p in atoms[i]))
+                       for idx in plan_buckets(sizes, self.bucket_bytes))
         return out
 
     # --- host copies ------------------------------------------------------------------------------
