@@ -22,6 +22,7 @@ tensor's storage is its host copy, so ``state_dict`` and DCP checkpoints see ord
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,8 @@ class SwapOptimizers(Optimizers):
         self.prefetching = prefetch
         """Start each step's first copy-ins at the first gradient of the backward (see ``prefetch``)."""
         self._armed = prefetch
+        self._stream = torch.get_device_module(device_kind).current_stream() if self.pin else None
+        """The stream the steps run on (accelerators)."""
         self._next: _Pass | None = None
         """The next step's pass, its first copy-ins already started by ``prefetch``."""
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
@@ -268,7 +271,9 @@ class SwapOptimizers(Optimizers):
         step's outstanding write-backs; a second call before ``step`` does nothing."""
         if self._next is not None:
             return
-        with torch.no_grad():
+        # FSDP2 runs these hooks on its reduce stream: allocate and order on the stream the step runs on
+        on = torch.get_device_module(self.device_kind).stream(self._stream) if self._stream is not None else None
+        with torch.no_grad(), on or contextlib.nullcontext():
             self.offload()
             self._next = self._begin(after=list(self._pending))
 
