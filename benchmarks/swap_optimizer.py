@@ -5,8 +5,8 @@ Usage: python benchmarks/swap_optimizer.py [--steps 3] [--json out.json]
 CPU has no separate device memory, so the host link is simulated: ``LatencyCopyEngine`` makes each copy
 take bytes / bandwidth on its direction's lane (10, 25 and 50 GB/s injected). Two workloads:
 
-* ``muon``: 16 Muon matrices of 256 x 256 (fp32), one per bucket: Newton-Schulz per bucket costs far more
-  than its copy, the case the goal is about;
+* ``muon``: 16 Muon matrices of 256 x 196..256 (fp32, 16 shapes: 16 Newton-Schulz batches), one per
+  bucket: Newton-Schulz per bucket costs far more than its copy, the case the goal is about;
 * ``adamw``: 16 AdamW tensors of 2M elements (16 MiB of state each), one per bucket: an elementwise update
   that is cheap next to its copy at low bandwidth, where the transfer cannot be hidden.
 
@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,85 +40,92 @@ from trex.trainer.optim.swap import SwapOptimizers, SwapStats, summary
 BANDWIDTHS = (10.0, 25.0, 50.0)
 
 
-Workload = tuple[Callable[[], Optimizers], int, Callable[[], None]]
+@dataclass
+class Variant:
+    """One optimizer over its own copy of the workload's parameters, and the backward that sets their grads."""
+
+    opts: Optimizers
+    backward: Callable[[], None]
+    times: list[float] = field(default_factory=list)
+    stats: list[SwapStats] = field(default_factory=list)
+
+    def step(self, timed: bool) -> None:
+        """A backward, then a (timed) optimizer step."""
+        self.backward()
+        t0 = time.perf_counter()
+        self.opts.step()
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+            if isinstance(self.opts, SwapOptimizers) and self.opts.last is not None:
+                self.stats.append(self.opts.last)
 
 
-def _workload(kind: str) -> Workload:
-    """(a builder of fresh optimizers over fixed parameters, bucket bytes, a backward that sets the fixed
-    gradients after a GEMM chain's)."""
+def _workload(kind: str) -> tuple[Callable[[Callable[[Optimizers], Optimizers]], Variant], int]:
+    """(a maker of a variant over fresh copies of the fixed parameters, wrapping its optimizers; bucket bytes)."""
     torch.manual_seed(0)
     if kind == "muon":
-        params = [torch.nn.Parameter(torch.randn(256, 256) * 0.02) for _ in range(16)]
-        bucket = 256 * 256 * 4
+        # 16 shapes, so 16 Newton-Schulz batches: one bucket each (a bucket is whole batches)
+        init = [torch.randn(256, 196 + 4 * i) * 0.02 for i in range(16)]
+        bucket = 256 * 196 * 4
     else:
-        params = [torch.nn.Parameter(torch.randn(2 << 20) * 0.02) for _ in range(16)]
+        init = [torch.randn(2 << 20) * 0.02 for _ in range(16)]
         bucket = 2 * (2 << 20) * 4
-    grads = [torch.randn_like(p) * 1e-3 for p in params]
-    init = [p.detach().clone() for p in params]
+    grads = [torch.randn_like(x) * 1e-3 for x in init]
     x = torch.randn(256, 512)
-    layers = [torch.nn.Parameter(torch.randn(512, 512) / 512**0.5) for _ in range(3)]
+    layers = [torch.randn(512, 512) / 512**0.5 for _ in range(3)]
 
-    def backward() -> None:
-        for p in params:
-            p.grad = None
-        h = x
-        for w in layers:
-            h = torch.tanh(h @ w)
-        # created last, so its gradients are accumulated first: the backward's GEMMs run after them
-        fixed = sum((p * g).sum() for p, g in zip(params, grads, strict=True))
-        torch.autograd.backward(h.square().mean() + fixed)
+    def make(wrap: Callable[[Optimizers], Optimizers]) -> Variant:
+        params = [torch.nn.Parameter(v.clone()) for v in init]
+        ws = [torch.nn.Parameter(w.clone()) for w in layers]
 
-    def build() -> Optimizers:
-        with torch.no_grad():
-            for p, x in zip(params, init, strict=True):
-                p.copy_(x)
-        if kind == "muon":
-            return Optimizers(Muon(params, lr=0.02), None)
-        return Optimizers(None, torch.optim.AdamW(params, lr=1e-3))
+        def backward() -> None:
+            for p in params + ws:
+                p.grad = None
+            h = x
+            for w in ws:
+                h = torch.tanh(h @ w)
+            # created last, so its gradients are accumulated first: the backward's GEMMs run after them
+            fixed = sum((p * g).sum() for p, g in zip(params, grads, strict=True))
+            torch.autograd.backward(h.square().mean() + fixed)
 
-    return build, bucket, backward
+        opts = (Optimizers(Muon(params, lr=0.02), None) if kind == "muon"
+                else Optimizers(None, torch.optim.AdamW(params, lr=1e-3)))
+        return Variant(wrap(opts), backward)
 
-
-def _steps(opts: Optimizers, n: int, backward: Callable[[], None]) -> tuple[list[float], list[SwapStats]]:
-    """Optimizer step times of ``n`` steps (each after a backward) after a first one (which creates the
-    states), and their swap stats."""
-    backward()
-    opts.step()
-    times, stats = [], []
-    for _ in range(n):
-        backward()
-        t0 = time.perf_counter()
-        opts.step()
-        times.append(time.perf_counter() - t0)
-        if isinstance(opts, SwapOptimizers) and opts.last is not None:
-            stats.append(opts.last)
-    return times, stats
+    return make, bucket
 
 
 def run(kind: str, steps: int) -> list[dict[str, Any]]:
-    """One row per bandwidth for workload ``kind``."""
-    build, bucket, backward = _workload(kind)
+    """One row per bandwidth for workload ``kind``: no swap, swap without and with prefetch, their steps
+    interleaved (a shared CPU's load drifts) after a first step each that creates the states."""
+    make, bucket = _workload(kind)
     rows = []
     for gbps in BANDWIDTHS:
-        base = statistics.median(_steps(build(), steps, backward)[0])  # next to each swap run (a shared CPU drifts)
-        exposed: dict[bool, float] = {}
-        for prefetch in (False, True):
-            engine = LatencyCopyEngine(gbps)
-            swap = SwapOptimizers(build(), buffers=2, bucket_bytes=bucket, engine=engine, device_kind="cpu",
-                                  prefetch=prefetch)
-            times, stats = _steps(swap, steps, backward)
-            swap.close()
-            engine.close()
-            total = summary(stats)
-            exposed[prefetch] = float(total["exposedSecondsPerStep"])
+        engines = [LatencyCopyEngine(gbps) for _ in range(2)]
+        base = make(lambda o: o)
+        swaps = {prefetch: make(lambda o, e=e, pf=prefetch: SwapOptimizers(  # type: ignore[misc]
+            o, buffers=2, bucket_bytes=bucket, engine=e, device_kind="cpu", prefetch=pf))
+            for e, prefetch in zip(engines, (False, True), strict=True)}
+        variants = [base, *swaps.values()]
+        for i in range(steps + 1):
+            for v in variants:
+                v.step(timed=i > 0)
+        for v in swaps.values():
+            assert isinstance(v.opts, SwapOptimizers)
+            v.opts.close()
+        for e in engines:
+            e.close()
+        on = swaps[True]
+        total = summary(on.stats)
         n = int(total["buckets"])
-        t = statistics.median(times)
-        copy = sum(s.copy_seconds for s in stats) / len(stats)
+        t, t0 = statistics.median(on.times), statistics.median(base.times)
+        copy = sum(s.copy_seconds for s in on.stats) / len(on.stats)
         rows.append({
-            "workload": kind, "gbps": gbps, "buckets": n, "step_s_no_swap": round(base, 4), "step_s_swap": round(t, 4),
-            "ratio": round(t / base, 3), "overlap": round(float(total["overlapRatio"]), 3),
-            "exposed_s": round(exposed[True], 4), "exposed_s_no_prefetch": round(exposed[False], 4),
-            "compute_per_bucket_ms": round(1e3 * base / n, 3), "copy_per_bucket_ms": round(1e3 * copy / n, 3),
+            "workload": kind, "gbps": gbps, "buckets": n, "step_s_no_swap": round(t0, 4), "step_s_swap": round(t, 4),
+            "ratio": round(t / t0, 3), "overlap": round(float(total["overlapRatio"]), 3),
+            "exposed_s": round(float(total["exposedSecondsPerStep"]), 4),
+            "exposed_s_no_prefetch": round(float(summary(swaps[False].stats)["exposedSecondsPerStep"]), 4),
+            "compute_per_bucket_ms": round(1e3 * t0 / n, 3), "copy_per_bucket_ms": round(1e3 * copy / n, 3),
             "device_bytes_saved": int(total["deviceBytesSaved"]),
         })
     return rows
