@@ -136,9 +136,11 @@ def train_checkpoint_ref(body: dict[str, Any], step: int | None) -> tuple[RefMou
 
 
 def training_files(corpus_dir: str, mode: str) -> str:
-    """The merged ORData files a trainer mode reads: chat samples for SFT, prompts with their solver-verified
-    truths for GRPO and OPD (the student answers them), text documents otherwise."""
-    rendering = "sft" if mode == "sft" else "prompts" if mode in ("grpo", "opd") else "cpt"
+    """The ORData files a trainer mode reads: chat samples for SFT, prompts with their solver-verified truths
+    for GRPO and OPD (the student answers them; OPD needs no truths), text documents otherwise."""
+    if mode in ("grpo", "opd"):
+        return posixpath.join(corpus_dir, "prompts", "prompts-*.jsonl")
+    rendering = "sft" if mode == "sft" else "cpt"
     return posixpath.join(corpus_dir, "merged", f"{rendering}-*.jsonl")
 
 

@@ -183,7 +183,7 @@ def test_grpo_trainjob_takes_prompts_and_the_sft_trainjobs_export() -> None:
     plan = plan_job(body, obs)
     cm = next(m for m in plan.ensure if m["kind"] == "ConfigMap")
     cfg = load_section(TrainerConfig, yaml.safe_load(cm["data"]["trainer.yaml"])["trainer"])
-    assert cfg.data.train == "/refs/corpus/or-out/merged/prompts-*.jsonl"
+    assert cfg.data.train == "/refs/corpus/or-out/prompts/prompts-*.jsonl"
     assert cfg.checkpoint.init_from_hf == "/refs/sft/run/hf"
     assert cfg.data.tokenizer.path == "/refs/sft/run/hf/tokenizer.json"
     worker = next(m for m in plan.ensure if m["kind"] == "Pod")
@@ -262,8 +262,8 @@ def test_references_without_shareable_storage_keep_the_path() -> None:
     assert path == "/refs/t/run/step-00000007"
     assert training_files("/refs/d/o", "sft") == "/refs/d/o/merged/sft-*.jsonl"
     assert training_files("/refs/d/o", "cpt") == "/refs/d/o/merged/cpt-*.jsonl"
-    assert training_files("/refs/d/o", "grpo") == "/refs/d/o/merged/prompts-*.jsonl"
-    assert training_files("/refs/d/o", "opd") == "/refs/d/o/merged/prompts-*.jsonl"
+    assert training_files("/refs/d/o", "grpo") == "/refs/d/o/prompts/prompts-*.jsonl"
+    assert training_files("/refs/d/o", "opd") == "/refs/d/o/prompts/prompts-*.jsonl"
 
 
 @pytest.mark.parametrize(("step", "checkpoint", "why"), [

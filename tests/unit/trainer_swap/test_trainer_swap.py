@@ -1,9 +1,9 @@
 """The swap optimizer against the trainer without it: bit-identical parameters and Muon/AdamW states after 5
-steps (fp32 and bf16). With small buckets on a simulated host link whose random per-copy delays reorder
-completions, against the same buckets stepped in place with no transfers (CPU GEMMs round a matrix
-differently depending on how many matrices share a batched Newton-Schulz call, and buckets change that
-count); a deliberately missing wait must show up as a different result; checkpoint + resume with swap
-equals an uninterrupted run."""
+steps (fp32 and bf16), with one bucket per optimizer and with small buckets on a simulated host link whose
+random per-copy delays reorder completions (Muon's buckets are whole Newton-Schulz batches, so every matrix
+is orthogonalised in the same batched call either way); a deliberately missing wait must show up as a
+different result; checkpoint + resume with swap equals an uninterrupted run; each step's first copy-in
+starts in the backward."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ import torch
 import trex.trainer.build as build_mod
 from optimizer_states import assert_identical
 from trex.config_base import load_section
-from trex.runtime.copy_engine import LatencyCopyEngine
+from trex.runtime.copy_engine import LatencyCopyEngine, ThreadCopyEngine
 from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
+from trex.trainer.optim import muon as muon_mod
 from trex.trainer.optim import swap
+from trex.trainer.optim.build import Optimizers
+from trex.trainer.optim.muon import Muon, ns_batches
 from trex.trainer.optim.swap import SwapOptimizers, SwapStats, plan_buckets
 
 STEPS = 5
@@ -65,31 +68,10 @@ def jittery(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(build_mod, "with_swap", make)
 
 
-class InPlaceBuckets(SwapOptimizers):
-    """The reference for small buckets: each bucket stepped where its states are, nothing copied."""
-
-    def step(self) -> None:
-        with torch.no_grad():
-            for bucket in self.buckets:
-                self._step_bucket(bucket)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
     torch.set_num_threads(1)
     return {dtype: _states(_run(tmp_path_factory.mktemp(dtype), dtype, False)) for dtype in ("fp32", "bf16")}
-
-
-@pytest.fixture(scope="module")
-def bucketed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
-    torch.set_num_threads(1)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(build_mod, "with_swap", lambda o, c, k: InPlaceBuckets(o, buffers=2, bucket_bytes=BUCKET,
-                                                                    engine=LatencyCopyEngine(1.0), device_kind=k))
-    try:
-        return {dtype: _states(_run(tmp_path_factory.mktemp(dtype), dtype, True)) for dtype in ("fp32", "bf16")}
-    finally:
-        mp.undo()
 
 
 def test_buckets_are_whole_consecutive_items() -> None:
@@ -110,10 +92,10 @@ def test_swap_is_bit_identical_to_no_swap(dtype: str, tmp_path: Path,
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_swap_under_random_copy_delays_is_bit_identical(dtype: str, tmp_path: Path, jittery: None,
-                                                        bucketed: dict[str, dict[str, torch.Tensor]]) -> None:
+                                                        reference: dict[str, dict[str, torch.Tensor]]) -> None:
     tr = _run(tmp_path, dtype, True)
     assert isinstance(tr.opts, SwapOptimizers) and len(tr.opts.buckets) >= 8
-    assert_identical(bucketed[dtype], _states(tr))
+    assert_identical(reference[dtype], _states(tr))
     stats = tr.opts.last
     assert stats is not None and stats.copy_seconds > 0 and 0 <= stats.overlap_ratio <= 1
     # every state lives in its host copy between steps; the device held two bucket buffers during the step
@@ -125,13 +107,15 @@ def test_swap_under_random_copy_delays_is_bit_identical(dtype: str, tmp_path: Pa
         if not k.startswith("param.") and v.ndim > 0:
             name = k.rsplit(".", 1)[0]
             per_param[name] = per_param.get(name, 0) + v.numel() * v.element_size()
-    # two buffers of the largest bucket: bucketMb, or one parameter's states where they are larger
-    assert 0 < stats.buffer_bytes <= 2 * (max(BUCKET, *per_param.values()) + 64 * 16) < state_bytes
+    # two buffers of the largest bucket: bucketMb, or one parameter's states or Newton-Schulz batch if larger
+    names = {id(p): n for n, p in tr.model.named_parameters()}
+    per_bucket = [sum(per_param.get(names[id(p)], 0) for p in b.params) for b in tr.opts.buckets]
+    assert 0 < stats.buffer_bytes <= 2 * (max(per_bucket) + 64 * 16) < state_bytes
 
 
 @pytest.mark.parametrize("broken", ["copy-in wait", "buffer release"])
 def test_a_missing_wait_is_caught(broken: str, tmp_path: Path, jittery: None, monkeypatch: pytest.MonkeyPatch,
-                                  bucketed: dict[str, dict[str, torch.Tensor]]) -> None:
+                                  reference: dict[str, dict[str, torch.Tensor]]) -> None:
     """Updating a bucket before its copy-in landed, or copying into a buffer before its previous bucket was
     written back, changes the result under the delayed link: the comparison above would fail."""
     if broken == "copy-in wait":
@@ -144,11 +128,11 @@ def test_a_missing_wait_is_caught(broken: str, tmp_path: Path, jittery: None, mo
 
         monkeypatch.setattr(LatencyCopyEngine, "copy_many", no_after)
     got = _states(_run(tmp_path, "fp32", True))
-    assert any(not torch.equal(v, got[k]) for k, v in bucketed["fp32"].items())
+    assert any(not torch.equal(v, got[k]) for k, v in reference["fp32"].items())
 
 
 def test_checkpoint_and_resume_with_swap_equals_an_uninterrupted_run(tmp_path: Path, jittery: None,
-                                                                     bucketed: dict[str, dict[str, torch.Tensor]]
+                                                                     reference: dict[str, dict[str, torch.Tensor]]
                                                                      ) -> None:
     ckpt = {"checkpoint": {"dir": str(tmp_path / "ckpt"), "intervalSteps": 3, "exportHf": False}}
     first = _run(tmp_path, "fp32", True, steps=3, **ckpt)
@@ -157,4 +141,78 @@ def test_checkpoint_and_resume_with_swap_equals_an_uninterrupted_run(tmp_path: P
                      log=lambda _m: None)
     second.run(STEPS)
     assert second.step == STEPS
-    assert_identical(bucketed["fp32"], _states(second))
+    assert_identical(reference["fp32"], _states(second))
+
+
+class _Counting(ThreadCopyEngine):
+    """Counts transfers (one per copy_many) by direction."""
+
+    def __init__(self) -> None:
+        super().__init__(lanes=2)
+        self.counts = {False: 0, True: 0}
+
+    def copy_many(self, pairs: Any, *, after: Any = (), to_host: bool = False) -> Any:
+        self.counts[to_host] += 1
+        return super().copy_many(pairs, after=after, to_host=to_host)
+
+
+def test_the_first_copy_in_starts_in_the_backward() -> None:
+    """The first gradient of a backward starts the next step's first copy-in (its states do not depend on
+    the gradients); the step then copies the other buckets in, and the result equals no prefetch."""
+    torch.manual_seed(0)
+    init = [torch.randn(s) for s in ((8, 8), (8, 16), (16, 24), (4, 12))]  # four shapes: four buckets
+    results = []
+    for prefetch in (True, False):
+        params = [torch.nn.Parameter(x.clone()) for x in init]
+        engine = _Counting()
+        opts = SwapOptimizers(Optimizers(Muon(params), None), buffers=2, bucket_bytes=8 * 8 * 4, engine=engine,
+                              device_kind="cpu", prefetch=prefetch)
+        for step in range(3):
+            sum((p.square() * (step + 1)).sum() for p in params).backward()  # type: ignore[union-attr]
+            if step and prefetch:  # states exist from the first step on: bucket 0 is on its way in
+                assert engine.counts[False] == 4 * (step - 1) + 1
+            opts.step()
+            opts.zero_grad()
+            assert engine.counts == {False: 4 * step, True: 4 * (step + 1)}  # no copy-in twice
+        opts.close()
+        engine.close()
+        results.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_newton_schulz_batches_are_greedy_per_shape() -> None:
+    # (short, long) side joins tall and wide matrices and stacks; up to cap elements, a larger one alone
+    shapes = [(4, 8), (8, 4), (2, 4, 8), (4, 4), (4, 8), (8, 4), (64, 64)]
+    assert ns_batches(shapes, cap=96) == [[0, 1], [2, 4], [3], [5], [6]]
+    assert ns_batches(shapes, cap=10**6) == [[0, 1, 2, 4, 5], [3], [6]]
+    # greedy from a batch boundary forms the same batches again: a bucket of whole batches batches alike
+    assert ns_batches(shapes[2:], cap=96) == [[0, 2], [1], [3], [4]]
+
+
+def test_small_buckets_batch_newton_schulz_as_without_swap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several Newton-Schulz batches per shape (a small cap) and buckets of one batch each, swap on equals
+    swap off bit for bit at 2 threads, where CPU GEMMs round a matrix differently by batch size."""
+    monkeypatch.setattr(muon_mod, "NS_BATCH_ELEMENTS", 10 * 64 * 64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        shapes = [(64, 64)] * 24 + [(128, 64)] * 3 + [(2, 64, 128)] * 2
+        init = [torch.randn(s) for s in shapes]
+        grads = [[torch.randn(s) for s in shapes] for _ in range(3)]
+        results = []
+        for swapped in (False, True):
+            params = [torch.nn.Parameter(x.clone()) for x in init]
+            opts = Optimizers(Muon(params), None)
+            if swapped:
+                opts = SwapOptimizers(opts, buffers=2, bucket_bytes=64 * 64 * 4, engine=ThreadCopyEngine(lanes=2),
+                                      device_kind="cpu", prefetch=False)
+                assert len(opts.buckets) == 5  # square: 10, 10 and 4; 3 tall + a stack (10 x 64 x 64), a stack
+            for step in grads:
+                for p, g in zip(params, step, strict=True):
+                    p.grad = g.clone()
+                opts.step()
+            results.append([p.detach().clone() for p in params])
+        assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    finally:
+        torch.set_num_threads(threads)

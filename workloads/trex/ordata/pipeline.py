@@ -493,9 +493,10 @@ def merge(out_dir: str | Path, exporter: Any = None) -> dict[str, Any]:
         ids = kept[start:start + per_file]
         for r in renderings:
             files.append({**write_part(out / f"{r}-{part:05d}.jsonl", [records[r][i] for i in ids]), "rendering": r})
-        # GRPO's prompts: question and solver-verified truth per training sample (the held-out file's layout).
-        files.append({**write_part(out / f"{PROMPTS}-{part:05d}.jsonl", [heldout_record(primary[i]) for i in ids]),
-                      "rendering": PROMPTS})
+        # GRPO's prompts: question and solver-verified truth per training sample (the held-out file's layout),
+        # beside merged/ so that a folder of training records holds one rendering.
+        entry = write_part(root / PROMPTS / f"{PROMPTS}-{part:05d}.jsonl", [heldout_record(primary[i]) for i in ids])
+        files.append({**entry, "name": f"../{PROMPTS}/{PROMPTS}-{part:05d}.jsonl", "rendering": PROMPTS})
     totals = _new_counts()
     for _, m in manifests:
         c = m["counts"]
@@ -521,7 +522,7 @@ def merge(out_dir: str | Path, exporter: Any = None) -> dict[str, Any]:
 HELDOUT_DIR = "heldout"
 HELDOUT_FILE = "heldout.jsonl"
 PROMPTS = "prompts"
-"""Merged rendering a GRPO TrainJob reads: {id, question, answer, family, reference} per training sample."""
+"""Folder and rendering a GRPO TrainJob reads: {id, question, answer, family, reference} per training sample."""
 
 
 def in_heldout(sample_id: str, fraction: float) -> bool:

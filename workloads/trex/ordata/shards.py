@@ -7,6 +7,8 @@ Layout of an output directory::
         progress.json                           finished parts and counters (resume point)
         manifest.json                           written last; its presence + hashes mean "done"
     merged/                                     written by ``trex ordata merge``
+    prompts/                                    GRPO's prompts with their truths (merge)
+    heldout/                                    held-out samples for evaluation (merge, heldoutFraction > 0)
 """
 
 from __future__ import annotations

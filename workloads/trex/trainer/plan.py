@@ -24,7 +24,8 @@ are estimates of this trainer's saved tensors and buffers, with trainer.recomput
 block's activations for the backward, selective recomputes the attention and the routed experts (keeping
 their inputs, plus one layer's recompute at a time), full keeps only each block's input (plus one block).
 With optimizer.swap the optimizer states are in host memory and the device holds ``buffers`` bucket
-buffers of the largest bucket (bucketMb, or the largest single parameter's states when that is larger).
+buffers of the largest bucket (bucketMb, or the largest single parameter's states or Newton-Schulz batch's
+momentum when that is larger).
 """
 
 from __future__ import annotations
@@ -358,7 +359,9 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         else:  # owner: send + receive buffers of the matrices this rank owns (balanced)
             opt += 2 * full // max(lay.dp_shard, 1)
     swap = cfg.optimizer.swap
-    largest_state = max((local[p.name] * store * (1 if p.role == "muon" else 2) for p in c.params), default=0)
+    # a swap bucket is at least one parameter's states, or one Newton-Schulz batch's momentum
+    largest_state = max([local[p.name] * store * (1 if p.role == "muon" else 2) for p in c.params]
+                        + [_largest_bucket(c.params, lay) * store])
     return MemoryPlan(
         params=n_params * store, grads=n_params * store, muon_state=muon * store, adamw_state=2 * adamw * store,
         buffers=c.buffer_bytes, activations=activation_bytes(values, lay, cfg.data.micro_batch_size, seq, act,
@@ -370,15 +373,11 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
 
 
 def _largest_bucket(params: Iterable[ParamInfo], lay: Layout) -> int:
-    """Elements of the largest group of same-shaped Muon matrices (one batched Newton-Schulz call)."""
-    buckets: dict[tuple[int, int], int] = defaultdict(int)
-    for p in params:
-        if p.role != "muon":
-            continue
-        shape = local_shape(p, lay)
-        n, m = shape[-2], shape[-1]
-        buckets[(min(n, m), max(n, m))] += math.prod(shape)
-    return max(buckets.values(), default=0)
+    """Elements of the largest batched Newton-Schulz call (``ns_batches`` of the local Muon matrices)."""
+    from trex.trainer.optim.muon import ns_batches
+
+    shapes = [local_shape(p, lay) for p in params if p.role == "muon"]
+    return max((sum(math.prod(shapes[i]) for i in b) for b in ns_batches(shapes)), default=0)
 
 
 def with_swap(plan: MemoryPlan, enabled: bool) -> MemoryPlan:

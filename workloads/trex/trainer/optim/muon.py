@@ -184,21 +184,52 @@ def orthogonalize_local(_params: Sequence[Tensor], updates: list[Tensor], ns: Ca
     return orthogonalize_batched(updates, ns)
 
 
+NS_BATCH_ELEMENTS = 1 << 24
+"""At most this many elements (16 Mi: 64 MiB in fp32) of same-shaped matrices share one batched
+Newton-Schulz call (a larger parameter is a call of its own). Fixed, so the batches do not depend on how
+the parameters are split otherwise (the swap optimizer's buckets are whole batches), and it bounds the
+call's workspace; far above the size at which batching small matrices stops paying."""
+
+
+def ns_key(shape: Sequence[int]) -> tuple[int, int]:
+    """(short, long) side of a matrix or stack of matrices: the Newton-Schulz batch it can join (tall matrices
+    are transposed to wide; the map commutes with transposition)."""
+    n, m = shape[-2], shape[-1]
+    return min(n, m), max(n, m)
+
+
+def ns_batches(shapes: Sequence[Sequence[int]], cap: int | None = None) -> list[list[int]]:
+    """Indices of the matrices (2-D) and stacks (3-D) that share one Newton-Schulz call: same ``ns_key``,
+    consecutive among that key's items, greedily up to ``cap`` elements (default NS_BATCH_ELEMENTS);
+    ordered by first index. Greedy from any batch boundary gives the same batches, so any run of whole
+    consecutive batches of a key forms them again."""
+    cap = NS_BATCH_ELEMENTS if cap is None else cap
+    open_: dict[tuple[int, int], tuple[list[int], int]] = {}
+    out: list[list[int]] = []
+    for i, shape in enumerate(shapes):
+        key, n = ns_key(shape), math.prod(shape)
+        batch = open_.get(key)
+        if batch is not None and batch[1] + n <= cap:
+            batch[0].append(i)
+            open_[key] = (batch[0], batch[1] + n)
+        else:
+            out.append([i])
+            open_[key] = (out[-1], n)
+    return out
+
+
 def orthogonalize_batched(mats: Sequence[Tensor], ns: Callable[[Tensor], Tensor]) -> list[Tensor]:
-    """ns of each 2-D matrix / 3-D stack of matrices, bucketed by (short, long) side with tall matrices
-    transposed to wide (the Newton-Schulz map commutes with transposition), so each bucket is one call."""
-    buckets: dict[tuple[int, int], list[tuple[int, Tensor, bool]]] = {}
-    for i, u in enumerate(mats):
-        n, m = u.shape[-2], u.shape[-1]
-        tall = n > m
-        buckets.setdefault((min(n, m), max(n, m)), []).append((i, u.mT if tall else u, tall))
+    """ns of each 2-D matrix / 3-D stack of matrices, one call per ``ns_batches`` batch (tall matrices
+    transposed to wide)."""
     out: list[Tensor] = [mats[0]] * len(mats)
-    for (n, m), items in buckets.items():
-        flat = [u.reshape(-1, n, m) for _, u, _ in items]
+    for batch in ns_batches([u.shape for u in mats]):
+        n, m = ns_key(mats[batch[0]].shape)
+        items = [(i, mats[i].shape[-2] > mats[i].shape[-1]) for i in batch]
+        flat = [(mats[i].mT if tall else mats[i]).reshape(-1, n, m) for i, tall in items]
         stacked = torch.cat(flat) if len(flat) > 1 else flat[0]
         ortho = ns(stacked) if stacked.shape[0] else stacked
         offset = 0
-        for (i, _, tall), f in zip(items, flat, strict=True):
+        for (i, tall), f in zip(items, flat, strict=True):
             o = ortho[offset:offset + f.shape[0]]
             offset += f.shape[0]
             out[i] = (o.mT if tall else o).reshape(mats[i].shape)

@@ -2,11 +2,15 @@
 device bucket buffers during the optimizer step.
 
 The states of every parameter are split into buckets of whole parameters (whole matrices and expert
-stacks, so Newton-Schulz sees complete matrices; with FSDP2 each rank moves only its local shards). A
+stacks, so Newton-Schulz sees complete matrices; with FSDP2 each rank moves only its local shards). Muon's
+buckets are made of whole Newton-Schulz batches (``trex.trainer.optim.muon.ns_batches``), so each matrix
+is orthogonalised in the same batched call as without swap, whatever the bucket size. A
 step walks the buckets in order with up to ``buffers`` of them on the device: while bucket i is updated,
 bucket i + 1 (up to i + buffers - 1) is copied in and bucket i - 1 is written back, through a
 :mod:`trex.runtime.copy_engine` engine. A copy-in into a buffer starts after the write-back of that
-buffer's previous bucket; the update of a bucket waits for its copy-in. The last write-backs of a step
+buffer's previous bucket; the update of a bucket waits for its copy-in. The first copy-ins of a step start
+at the first gradient of the backward before it (``prefetch``: the states do not depend on the gradients),
+so the step does not begin by waiting for its first bucket. The last write-backs of a step
 run on behind the next forward and backward: the next step, ``all()`` and ``state_dict()`` (what
 checkpoints read) first wait for them, so nothing reads a state before its write-back has landed. The
 buffers are freed once their last write-back is done, before the next step.
@@ -18,6 +22,7 @@ tensor's storage is its host copy, so ``state_dict`` and DCP checkpoints see ord
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +34,7 @@ from trex.runtime.copy_engine import CopyEngine, CopyHandle, make_copy_engine
 from trex.trainer.config import SwapConfig
 from trex.trainer.model.layers import local_tensor
 from trex.trainer.optim.build import Optimizers
+from trex.trainer.optim.muon import ns_batches
 
 _ALIGN = 64
 """Byte alignment of each state tensor inside a bucket buffer."""
@@ -64,7 +70,7 @@ class SwapStats:
 
 @dataclass(frozen=True)
 class Bucket:
-    """Consecutive whole parameters of one optimizer."""
+    """Whole parameters of one optimizer (for Muon, whole Newton-Schulz batches)."""
 
     optimizer: str
     """"muon" or "adamw"."""
@@ -115,11 +121,26 @@ class _Flight:
     copy_in: CopyHandle | None = None
 
 
+@dataclass
+class _Pass:
+    """One walk over the buckets: their entries, the slots, the buckets in flight and every copy started."""
+
+    entries: list[list[_Entry]]
+    slot_bytes: int
+    slots: list[_Slot]
+    device: torch.device
+    after: list[CopyHandle]
+    """What the first copy-ins wait for (the last step's outstanding write-backs, when started early)."""
+    flights: dict[int, _Flight] = field(default_factory=dict)
+    handles: list[CopyHandle] = field(default_factory=list)
+    buffer_bytes: int = 0
+
+
 class SwapOptimizers(Optimizers):
     """:class:`Optimizers` whose states live in host memory and are streamed per bucket in ``step``."""
 
     def __init__(self, inner: Optimizers, *, buffers: int, bucket_bytes: int, engine: CopyEngine,
-                 device_kind: str) -> None:
+                 device_kind: str, prefetch: bool = True) -> None:
         super().__init__(inner.muon, inner.adamw)
         if buffers < 2:
             raise ValueError(f"optimizer.swap.buffers must be >= 2, got {buffers}")
@@ -134,15 +155,32 @@ class SwapOptimizers(Optimizers):
         self._host: dict[tuple[int, str], torch.Tensor] = {}
         self._pending: list[CopyHandle] = []
         """Write-backs of the last step that had not landed when it returned."""
+        self.prefetching = prefetch
+        """Start each step's first copy-ins at the first gradient of the backward (see ``prefetch``)."""
+        self._armed = prefetch
+        self._stream = torch.get_device_module(device_kind).current_stream() if self.pin else None
+        """The stream the steps run on (accelerators)."""
+        self._next: _Pass | None = None
+        """The next step's pass, its first copy-ins already started by ``prefetch``."""
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
+                       for b in self.buckets for p in b.params] if prefetch else []
 
     def _plan(self) -> list[Bucket]:
+        """AdamW: consecutive whole parameters up to the bucket size. Muon: consecutive whole Newton-Schulz
+        batches (``ns_batches`` per param group), so a bucket's step batches exactly as the step over all
+        parameters does and gives the same bits for any bucket size."""
         out: list[Bucket] = []
         for name, opt, factor in (("muon", self.muon, 1), ("adamw", self.adamw, 2)):
             if opt is None:
                 continue
-            params = [p for g in opt.param_groups for p in g["params"]]
-            sizes = [p.numel() * p.element_size() * factor for p in params]  # global shapes: equal on every rank
-            out.extend(Bucket(name, tuple(params[i] for i in idx)) for idx in plan_buckets(sizes, self.bucket_bytes))
+            atoms: list[list[torch.Tensor]] = []
+            for g in opt.param_groups:
+                params = list(g["params"])  # global shapes: equal on every rank
+                atoms += ([[params[i] for i in b] for b in ns_batches([p.shape for p in params])] if name == "muon"
+                          else [[p] for p in params])
+            sizes = [sum(p.numel() * p.element_size() * factor for p in a) for a in atoms]
+            out.extend(Bucket(name, tuple(p for i in idx for p in atoms[i]))
+                       for idx in plan_buckets(sizes, self.bucket_bytes))
         return out
 
     # --- host copies ------------------------------------------------------------------------------
@@ -171,11 +209,22 @@ class SwapOptimizers(Optimizers):
     def offload(self) -> None:
         """Move every state that is not stored in its host copy there now (after a checkpoint load)."""
         with torch.no_grad():
+            moved = False
             for bucket in self.buckets:
                 for e in self._entries(bucket):
                     if e.state.data_ptr() != e.host.data_ptr():
                         e.host.copy_(e.state)
                         e.state.data = e.host
+                        moved = True
+            if moved:  # copy-ins started from the old states: start again
+                self._drop_next()
+
+    def _drop_next(self) -> None:
+        """Forget the prefetched pass once its copies have landed."""
+        if self._next is not None:
+            for h in self._next.handles:
+                h.wait()
+            self._next = None
 
     def host_bytes(self) -> int:
         """Bytes of optimizer state held in host memory."""
@@ -191,6 +240,14 @@ class SwapOptimizers(Optimizers):
         self._pending = []
         return waited, copied
 
+    def close(self) -> None:
+        """Wait for every copy and remove the gradient hooks (the parameters outlive this wrapper)."""
+        self.settle()
+        self._drop_next()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
     def all(self) -> list[torch.optim.Optimizer]:
         """Both optimizers, their states current in host memory (outstanding write-backs waited for)."""
         self.settle()
@@ -202,6 +259,24 @@ class SwapOptimizers(Optimizers):
         return super().state_dict()
 
     # --- the step ---------------------------------------------------------------------------------
+    def _on_grad(self, _param: torch.Tensor) -> None:
+        """Post-accumulate-grad hook: the first gradient of a backward starts the step's first copy-ins."""
+        if self._armed:
+            self._armed = False
+            self.prefetch()
+
+    def prefetch(self) -> None:
+        """Start the copy-ins of the first ``buffers - 1`` buckets now (the states do not depend on the
+        gradients), so the next ``step`` finds them on the device. Each copy-in is ordered behind the last
+        step's outstanding write-backs; a second call before ``step`` does nothing."""
+        if self._next is not None:
+            return
+        # FSDP2 runs these hooks on its reduce stream: allocate and order on the stream the step runs on
+        on = torch.get_device_module(self.device_kind).stream(self._stream) if self._stream is not None else None
+        with torch.no_grad(), on or contextlib.nullcontext():
+            self.offload()
+            self._next = self._begin(after=list(self._pending))
+
     def step(self) -> None:
         """Update every bucket, streaming its states through the device buffers. The wait for the previous
         step's last write-backs counts as this step's exposed time."""
@@ -212,41 +287,46 @@ class SwapOptimizers(Optimizers):
             stats.exposed_seconds += waited
             stats.copy_seconds += copied
             self.last = stats
+        self._armed = self.prefetching
 
-    def _step(self) -> SwapStats:
-        stats = SwapStats(buckets=len(self.buckets))
+    def _begin(self, after: list[CopyHandle]) -> _Pass:
+        """A pass over the buckets with the copy-ins of the first ``buffers - 1`` started."""
         entries = [self._entries(b) for b in self.buckets]
         slot_bytes = max((sum(_aligned(e.host.numel() * e.host.element_size()) for e in es) for es in entries),
                          default=0)
-        slots = [_Slot() for _ in range(self.buffers)]
-        flights: dict[int, _Flight] = {}
-        handles: list[CopyHandle] = []
-        dev = self._device()
-
-        def copy_in(j: int) -> None:
-            flight = flights[j] = _Flight(entries[j])
-            if not flight.entries:
-                return
-            slot = slots[j % self.buffers]
-            if slot.buffer is None:
-                slot.buffer = torch.empty(slot_bytes, dtype=torch.uint8, device=dev)
-                stats.buffer_bytes += slot_bytes
-            offset = 0
-            for e in flight.entries:
-                n = e.host.numel() * e.host.element_size()
-                flight.views.append(slot.buffer[offset:offset + n].view(e.host.dtype).view(e.host.shape))
-                offset += _aligned(n)
-            after = [slot.released] if slot.released is not None else []
-            flight.copy_in = self.engine.copy_many([(v, e.host) for v, e in zip(flight.views, flight.entries,
-                                                                                strict=True)], after=after)
-            handles.append(flight.copy_in)
-
+        run = _Pass(entries, slot_bytes, [_Slot() for _ in range(self.buffers)], self._device(), after)
         for j in range(min(self.buffers - 1, len(self.buckets))):
-            copy_in(j)
+            self._copy_in(run, j)
+        return run
+
+    def _copy_in(self, run: _Pass, j: int) -> None:
+        """Start copying bucket j's states into its slot's buffer, after that slot's previous write-back."""
+        flight = run.flights[j] = _Flight(run.entries[j])
+        if not flight.entries:
+            return
+        slot = run.slots[j % self.buffers]
+        if slot.buffer is None:
+            slot.buffer = torch.empty(run.slot_bytes, dtype=torch.uint8, device=run.device)
+            run.buffer_bytes += run.slot_bytes
+        offset = 0
+        for e in flight.entries:
+            n = e.host.numel() * e.host.element_size()
+            flight.views.append(slot.buffer[offset:offset + n].view(e.host.dtype).view(e.host.shape))
+            offset += _aligned(n)
+        after = [slot.released] if slot.released is not None else run.after
+        flight.copy_in = self.engine.copy_many([(v, e.host) for v, e in zip(flight.views, flight.entries,
+                                                                            strict=True)], after=after)
+        run.handles.append(flight.copy_in)
+
+    def _step(self) -> SwapStats:
+        run, self._next = self._next, None
+        if run is None:
+            run = self._begin(after=[])
+        stats = SwapStats(buckets=len(self.buckets))
         for i, bucket in enumerate(self.buckets):
             if i + self.buffers - 1 < len(self.buckets):
-                copy_in(i + self.buffers - 1)
-            flight = flights.pop(i)
+                self._copy_in(run, i + self.buffers - 1)
+            flight = run.flights.pop(i)
             if flight.copy_in is not None:
                 self._sync_compute()
                 t0 = time.perf_counter()
@@ -259,13 +339,14 @@ class SwapOptimizers(Optimizers):
             back = self.engine.copy_many([(e.host, e.state.data) for e in written], to_host=True)
             for e in written:
                 e.state.data = e.host
-            slots[i % self.buffers].released = back
-            handles.append(back)
+            run.slots[i % self.buffers].released = back
+            run.handles.append(back)
         # Copy-ins have all been waited for; write-backs still in flight finish behind the next forward.
-        landed = [h.done() for h in handles]
-        self._pending = [h for h, d in zip(handles, landed, strict=True) if not d]
-        stats.copy_seconds = sum(h.seconds() for h, d in zip(handles, landed, strict=True) if d)
+        landed = [h.done() for h in run.handles]
+        self._pending = [h for h, d in zip(run.handles, landed, strict=True) if not d]
+        stats.copy_seconds = sum(h.seconds() for h, d in zip(run.handles, landed, strict=True) if d)
         stats.host_bytes = self.host_bytes()
+        stats.buffer_bytes = run.buffer_bytes
         return stats
 
     def _await_copy_in(self, handle: CopyHandle) -> None:
