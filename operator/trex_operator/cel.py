@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from trex.evaluation.config import EvalConfig, ModelSpec
 from trex.kernels.config import KernelTuneConfig
 from trex.ordata.config import ReconstructionConfig, SizeRange
-from trex.trainer.config import TrainerConfig
+from trex.trainer.config import TeacherConfig, TrainerConfig
 from trex.trainer.mfu import DEVICES
 
 from trex_operator.api import (
@@ -160,8 +160,9 @@ def rules() -> dict[type[BaseModel], list[CelRule]]:
         TrainerConfig: [
             CelRule(f"{value(TrainerConfig, 'data.globalBatchSize')} % {value(TrainerConfig, 'data.microBatchSize')} == 0",
                     "data.globalBatchSize: must be a multiple of data.microBatchSize"),
-            CelRule(f"{value(TrainerConfig, 'mode')} != 'opd' || has(self.teacherUrl)",
-                    "teacherUrl: required when mode is 'opd'"),
+            CelRule(f"{value(TrainerConfig, 'mode')} != 'opd' || "
+                    "(has(self.opd) && has(self.opd.teachers) && size(self.opd.teachers) > 0)",
+                    "opd.teachers: at least one teacher is required when mode is 'opd'"),
         ],
         KernelTuneJobSpec: [CelRule(f"{literal(_BACKEND_DEVICE)}[{value(KernelTuneJobSpec, 'kernels.backend')}] == "
                                     f"{value(KernelTuneJobSpec, 'deviceType')}",
@@ -170,6 +171,8 @@ def rules() -> dict[type[BaseModel], list[CelRule]]:
         KernelTuneConfig: [CelRule(f"{value(KernelTuneConfig, 'suite')} != 'none' || "
                                    "(has(self.kernels) && size(self.kernels) > 0)",
                                    "kernels: must name at least one kernel when suite is 'none'")],
+        TeacherConfig: [CelRule("has(self.name) || has(self.path)",
+                                "name: give name (a TrainJob) or path (a model folder)")],
         SizeRange: [CelRule(f"{value(SizeRange, 'min')} <= {value(SizeRange, 'max')}", "min: must be <= max")],
         ReconstructionConfig: [CelRule(f"{value(ReconstructionConfig, 'mode')} != 'llm' || has(self.endpoint)",
                                        "endpoint: required when mode is 'llm'")],

@@ -136,11 +136,11 @@ def train_checkpoint_ref(body: dict[str, Any], step: int | None) -> tuple[RefMou
 
 
 def training_files(corpus_dir: str, mode: str) -> str:
-    """The merged ORData files a trainer mode reads: chat samples for SFT/OPD, prompts with their solver-verified
-    truths for GRPO, text documents otherwise."""
-    if mode == "grpo":
+    """The ORData files a trainer mode reads: chat samples for SFT, prompts with their solver-verified truths
+    for GRPO and OPD (the student answers them; OPD needs no truths), text documents otherwise."""
+    if mode in ("grpo", "opd"):
         return posixpath.join(corpus_dir, "prompts", "prompts-*.jsonl")
-    rendering = "sft" if mode in ("sft", "opd") else "cpt"
+    rendering = "sft" if mode == "sft" else "cpt"
     return posixpath.join(corpus_dir, "merged", f"{rendering}-*.jsonl")
 
 
@@ -238,7 +238,16 @@ class TrainImpl(_PodKind):
             out.append(("KernelTuneJob", spec.kernels_from.name, "tuned kernel configs"))
         if spec.model_from is not None:
             out.append(("TrainJob", spec.model_from.name, "initial weights"))
+        out.extend(("TrainJob", name, "distillation teacher") for name in self._teachers(ctx))
         return out
+
+    @staticmethod
+    def _teachers(ctx: Ctx) -> list[str]:
+        """TrainJobs named as distillation teachers (mode opd) whose path the operator fills in."""
+        trainer = ctx.model.spec.trainer
+        if trainer.mode != "opd":
+            return []
+        return list(dict.fromkeys(t.name for t in trainer.opd.teachers if t.name is not None and t.path is None))
 
     def ref_problem(self, ctx: Ctx) -> str | None:
         """Why modelFrom's step cannot be loaded (see :func:`model_step_problem`)."""
@@ -256,6 +265,14 @@ class TrainImpl(_PodKind):
                 for entry in ctx.status.lineage:
                     if entry.kind == "ORDataJob":
                         entry.detail = f"training data {cfg['data']['train']}"
+        teachers = set(self._teachers(ctx))
+        for t in cfg["opd"]["teachers"]:
+            body = ctx.deps.bodies.get(("TrainJob", t["name"])) if t["name"] in teachers else None
+            if body is not None:  # its checkpoint folder: the final export in <dir>/hf, else a step's
+                t["path"] = train_checkpoint_path(body, None)
+                for entry in ctx.status.lineage:
+                    if entry.kind == "TrainJob" and entry.name == t["name"]:
+                        entry.detail = f"distillation teacher {t['path']}"
         path = hf_export_path(ctx, spec.model_from)
         if path is not None:
             cfg["checkpoint"]["initFromHf"] = path
@@ -299,11 +316,16 @@ class TrainImpl(_PodKind):
         return table
 
     def refs_mounts(self, ctx: Ctx) -> tuple[RefMount, ...]:
-        """The referenced ORDataJob's output volume and TrainJob's checkpoint volume, mounted read-only."""
+        """The referenced ORDataJob's output volume, the TrainJob's checkpoint volume (modelFrom) and the teacher
+        TrainJobs' checkpoint volumes, mounted read-only."""
         spec = ctx.model.spec
         body = ctx.deps.bodies.get(("ORDataJob", spec.data_from.name)) if spec.data_from is not None else None
-        data = ordata_output_ref(body)[0] if body is not None else None
-        return tuple(m for m in (data, model_mount(ctx, spec.model_from)) if m is not None)
+        refs = [ordata_output_ref(body)[0] if body is not None else None, model_mount(ctx, spec.model_from)]
+        for name in self._teachers(ctx):
+            teacher = ctx.deps.bodies.get(("TrainJob", name))
+            refs.append(train_checkpoint_ref(teacher, None)[0] if teacher is not None else None)
+        by_job = {r.job_name: r for r in refs if r is not None}  # a TrainJob both modelFrom and teacher: one mount
+        return tuple(by_job.values())
 
     def pods(self, ctx: Ctx) -> list[Manifest]:
         """The worker pods of the current attempt."""

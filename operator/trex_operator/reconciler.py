@@ -95,6 +95,12 @@ def referenced(body: dict[str, Any]) -> list[tuple[str, str]]:
             if isinstance(ref, dict) and isinstance(ref.get("name"), str) and DNS1123_LABEL.match(ref["name"]) \
                     and len(ref["name"]) <= 63:
                 out.append((kind, ref["name"]))
+        opd = (spec.get("trainer") or {}).get("opd") if isinstance(spec.get("trainer"), dict) else None
+        teachers = opd.get("teachers") if isinstance(opd, dict) else None
+        for t in teachers if isinstance(teachers, list) else []:
+            name = t.get("name") if isinstance(t, dict) else None
+            if isinstance(name, str) and DNS1123_LABEL.match(name) and len(name) <= 63:
+                out.append(("TrainJob", name))
     return out
 
 

@@ -263,6 +263,7 @@ def test_references_without_shareable_storage_keep_the_path() -> None:
     assert training_files("/refs/d/o", "sft") == "/refs/d/o/merged/sft-*.jsonl"
     assert training_files("/refs/d/o", "cpt") == "/refs/d/o/merged/cpt-*.jsonl"
     assert training_files("/refs/d/o", "grpo") == "/refs/d/o/prompts/prompts-*.jsonl"
+    assert training_files("/refs/d/o", "opd") == "/refs/d/o/prompts/prompts-*.jsonl"
 
 
 @pytest.mark.parametrize(("step", "checkpoint", "why"), [
@@ -291,3 +292,32 @@ def test_eval_model_final_and_last_step() -> None:
         body["spec"]["modelFrom"]["step"] = step
         dep = next(m for m in plan_job(body, obs).ensure if m["kind"] == "Deployment")
         assert dep["spec"]["template"]["spec"]["containers"][0]["args"][-1] == path
+
+
+def test_distillation_teachers_from_train_jobs_are_awaited_mounted_and_recorded() -> None:
+    """mode opd with teachers naming TrainJobs: the job waits for them, then each teacher's checkpoint volume is
+    mounted read-only at /refs/<teacher> and its path points there; a teacher given by path is left alone."""
+    trainer = {"mode": "opd", "model": {"preset": "tiny"},
+               "data": {"train": "/data/prompts.jsonl"},
+               "opd": {"teachers": [{"name": "math-sft", "weight": 2.0}, {"path": "/models/code"}]}}
+    body = _body("TrainJob", {"replicas": 1, "devicesPerReplica": 1, "deviceType": "cpu", "trainer": trainer})
+    assert referenced(body) == [("TrainJob", "math-sft")]
+    waiting = plan_job(copy.deepcopy(body), Observed(now=NOW, refs={("TrainJob", "math-sft"): None}))
+    assert (waiting.status["phase"], waiting.status["reason"]) == ("Pending", "WaitingForDependency")
+    obs = Observed(now=NOW)
+    obs.refs[("TrainJob", "math-sft")] = _succeeded("TrainJob", "math-sft", {
+        "volumes": {"checkpoints": {"claimName": "sft-ck"}}, "trainer": {"checkpoint": {"dir": "run"}}})
+    plan = plan_job(copy.deepcopy(body), obs)
+    cm = next(m for m in plan.ensure if m["kind"] == "ConfigMap")
+    cfg = load_section(TrainerConfig, yaml.safe_load(cm["data"]["trainer.yaml"])["trainer"])
+    assert [(t.name, t.path, t.weight) for t in cfg.opd.teachers] == [
+        ("math-sft", "/refs/math-sft/run", 2.0), (None, "/models/code", 1.0)]
+    assert cfg.opd.teachers[0].label == "math-sft"  # prompts name the teacher as the spec does
+    worker = next(m for m in plan.ensure if m["kind"] == "Pod")
+    vols = {v["name"]: v for v in worker["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in worker["spec"]["containers"][0]["volumeMounts"]}
+    assert vols["ref-0"]["persistentVolumeClaim"] == {"claimName": "sft-ck", "readOnly": True}
+    assert mounts["ref-0"] == {"name": "ref-0", "mountPath": "/refs/math-sft", "readOnly": True}
+    [entry] = plan.status["lineage"]
+    assert (entry["kind"], entry["name"], entry["uid"]) == ("TrainJob", "math-sft", "uid-math-sft")
+    assert entry["detail"] == "distillation teacher /refs/math-sft/run"

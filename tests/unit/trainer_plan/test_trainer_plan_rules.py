@@ -75,11 +75,14 @@ def test_recompute_shrinks_the_planned_activations_and_swap_the_states() -> None
     assert swapped.swap_buffers >= 3 * 64 * 2**20
 
 
-def test_pp_and_opd_are_rejected_before_any_pod() -> None:
+def test_pp_and_what_opd_cannot_run_are_rejected_before_any_pod() -> None:
     assert _problems({"devicesPerReplica": 2, "trainer": {"parallelism": {"pp": 2}}}) == [
         "spec.trainer.parallelism.pp: 2: pipeline parallelism is not run by `trex train` yet; set 1"]
-    [opd] = _problems({"trainer": {"mode": "opd", "teacherUrl": "http://t:8000/v1"}})
-    assert opd.startswith("spec.trainer.mode: 'opd'")
+    opd = {"mode": "opd", "opd": {"teachers": [{"path": "/t"}]}}
+    assert _problems({"trainer": opd}) == []
+    [two] = _problems({"devicesPerReplica": 2, "trainer": opd})
+    assert two.startswith("spec.trainer.mode: 'opd' (on-policy distillation) runs in one process; the job has 2")
+    assert _problems({"trainer": {**opd, "opd": {"teachers": [{"name": "sft"}]}}}) == []
 
 
 def test_device_model_and_cpu_memory_limits() -> None:

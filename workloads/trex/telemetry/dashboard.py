@@ -101,6 +101,20 @@ def panels() -> list[Panel]:
               "buffers (smallest rank).",
               (Target(f"min {by_job} ({m('trex_train_swap_device_bytes_saved')}{{{SEL}}})", "{{job_name}}"),),
               unit="bytes"),
+        Panel("Distillation: reverse KL per teacher and student entropy", "Mean KL(student || teacher) per response "
+              "token of the last step, per teacher, and the student's mean entropy (right axis).",
+              (Target(f"max by ({JOB_LABEL}, teacher) ({m('trex_train_opd_kl')}{{{SEL}}})",
+                      "KL {{job_name}} {{teacher}}"),
+               Target(f"max {by_job} ({m('trex_train_opd_student_entropy')}{{{SEL}}})", "entropy {{job_name}}")),
+              right_axis={"B": "short"}),
+        Panel("Distillation: teacher cache and switches", "Teacher hidden-state bytes per second served from "
+              "memory and spilled to disk, and teacher-head changes per step (right axis).",
+              (Target(f"sum {by_job} (rate({m('trex_train_opd_cache_hit_bytes_total')}{{{SEL}}}[$__rate_interval]))",
+                      "hit {{job_name}}"),
+               Target(f"sum {by_job} (rate({m('trex_train_opd_cache_spilled_bytes_total')}{{{SEL}}}"
+                      "[$__rate_interval]))", "spilled {{job_name}}"),
+               Target(f"max {by_job} ({m('trex_train_opd_teacher_switches')}{{{SEL}}})", "switches {{job_name}}")),
+              unit="Bps", right_axis={"C": "short"}),
         Panel("GRPO: reward", "Mean verifier reward of each step's responses and its standard deviation (right "
               "axis), over the ranks of each job.",
               (Target(f"avg {by_job} ({m('trex_train_reward_mean')}{{{SEL}}})", "mean {{job_name}}"),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from trex.config_base import TrexModel
+from trex.config_base import TrexModel, check_dns1123_label
 from trex.reasoning import ReasoningMode, mode_problems
 
 if TYPE_CHECKING:
@@ -446,17 +446,108 @@ class GRPOConfig(TrexModel):
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
-        from trex.evaluation.benchmarks import FORMATS
         from trex.evaluation.protocols import PROTOCOLS
-        from trex.prompt_contract import PROMPT_SETS
 
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol: unknown {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
-        if self.prompt_format not in FORMATS or self.prompt_format == "bench4opt":
-            allowed = [f for f in FORMATS if f != "bench4opt"]
-            raise ValueError(f"promptFormat: unknown {self.prompt_format!r}; allowed: {', '.join(allowed)}")
-        if self.prompt_set not in PROMPT_SETS:
-            raise ValueError(f"promptSet: unknown {self.prompt_set!r}; allowed: {', '.join(PROMPT_SETS)}")
+        check_prompt_source(self.prompt_format, self.prompt_set)
+        return self
+
+
+def check_prompt_source(prompt_format: str, prompt_set: str) -> None:
+    """promptFormat must be a format `trex eval` reads whose records hold a question (not bench4opt) and promptSet
+    a prompt set of the contract; ValueError naming the field otherwise."""
+    from trex.evaluation.benchmarks import FORMATS
+    from trex.prompt_contract import PROMPT_SETS
+
+    if prompt_format not in FORMATS or prompt_format == "bench4opt":
+        allowed = [f for f in FORMATS if f != "bench4opt"]
+        raise ValueError(f"promptFormat: unknown {prompt_format!r}; allowed: {', '.join(allowed)}")
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"promptSet: unknown {prompt_set!r}; allowed: {', '.join(PROMPT_SETS)}")
+
+
+class TeacherConfig(TrexModel):
+    """One teacher of on-policy distillation: a model folder and its weight in the loss."""
+
+    name: str | None = None
+    """A TrainJob in the same namespace: the operator waits for it to succeed, mounts its checkpoint volume
+    read-only and sets path to its checkpoint folder (its final Hugging Face export); also the teacher's label."""
+    path: str | None = None
+    """A Hugging Face export folder (config.json + safetensors) or a trex checkpoint folder (its hf/ export,
+    else its newest completed step with one, checkpoint.exportHfEvery), or one step-N folder of it."""
+    weight: float = Field(default=1.0, gt=0, le=1e6)
+    """w_i: this teacher's reverse-KL weight in the loss sum_i w_i KL(student || teacher_i)."""
+    items: str | None = None
+    """The prompts this teacher scores: a shell-style pattern matched against each prompt's id and its category
+    (an ORData family such as "diet", a benchmark's type); unset = every prompt. Every prompt needs a teacher."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else check_dns1123_label(v, "")
+
+    @model_validator(mode="after")
+    def _source(self) -> TeacherConfig:
+        if self.name is None and self.path is None:
+            raise ValueError("name: give name (a TrainJob) or path (a model folder)")
+        return self
+
+    @property
+    def label(self) -> str:
+        """How prompts name this teacher and metrics label it."""
+        return self.name if self.name is not None else str(self.path)
+
+
+class OPDSampling(TrexModel):
+    """How the student samples its own responses to the prompts (trex.trainer.rollout)."""
+
+    temperature: float = Field(default=1.0, ge=0, le=100)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus mass (1 = off)."""
+    top_k: int = Field(default=0, ge=0, le=1_048_576)
+    """Top-k (0 = off)."""
+    max_new_tokens: int = Field(default=64, gt=0, le=1_048_576)
+    """Response length cap (tokens)."""
+    stop_tokens: list[int] = Field(default_factory=list)
+    """Token ids ending a response (kept as its last token)."""
+
+
+class OPDConfig(TrexModel):
+    """On-policy distillation (mode opd): the student samples responses to prompts and minimises
+    sum_i w_i KL(p_student || p_teacher_i) over the response tokens, exactly over the whole vocabulary."""
+
+    teachers: list[TeacherConfig] = Field(default_factory=list, max_length=64)
+    """Teachers (at least one with mode opd); each scores the prompts its ``items`` pattern selects."""
+    estimator: Literal["full-vocab", "sampled-token"] = "full-vocab"
+    """full-vocab: the exact KL over the vocabulary (chunked, fused with both heads); sampled-token: the
+    log-ratio at the sampled token with its score-function gradient (for comparison)."""
+    prompts_per_step: int = Field(default=4, gt=0, le=65_536)
+    """Prompts per optimizer step."""
+    samples_per_prompt: int = Field(default=2, gt=0, le=1024)
+    """Responses sampled per prompt."""
+    sampling: OPDSampling = Field(default_factory=OPDSampling)
+    """Sampling of the responses."""
+    chunk_size: int = Field(default=1024, gt=0, le=1_048_576)
+    """Tokens per chunk of the fused KL ([chunkSize, V] logits per model at a time)."""
+    cache_bytes: int = Field(default=1 << 30, ge=0)
+    """Host memory for the teachers' cached hidden states; beyond it they spill to disk."""
+    cache_dir: str | None = None
+    """Spill folder of the hidden-state cache (unset = <checkpoint.dir>/teacher-cache)."""
+    prompt_format: str = "ordata"
+    """Format of data.train's prompt records, as for mode grpo: ordata (an ORDataJob's prompts rendering) or a
+    benchmark format `trex eval` reads (nl4opt, mamo, optibench, industryor, optmath)."""
+    prompt_set: str = "trex"
+    """Prompt set of the user turn (trex.prompt_contract; the one SFT samples and `trex eval` use)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> OPDConfig:
+        check_prompt_source(self.prompt_format, self.prompt_set)
+        labels = [t.label for t in self.teachers]
+        for i, label in enumerate(labels):
+            if label in labels[:i]:
+                raise ValueError(f"teachers.{i}: teacher {label!r} is listed twice")
         return self
 
 
@@ -497,17 +588,17 @@ class TrainerConfig(TrexModel):
     experts (with their token dispatch) in the backward, full every transformer block."""
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     """mode grpo: rollouts, rewards and the GRPO objective."""
-    teacher_url: str | None = None
-    """opd: OpenAI-compatible endpoint of the teacher model."""
+    opd: OPDConfig = Field(default_factory=OPDConfig)
+    """On-policy distillation (mode opd): teachers, estimator, prompts and sampling."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
         if self.routing.mtp_weight_drop_step is None:
             start = lr_decay_start(self.optimizer.schedule)
             self.routing.mtp_weight_drop_step = NEVER if start is None else start
-        if self.mode == "opd" and not self.teacher_url:
-            raise ValueError("teacherUrl: required when mode is 'opd' (on-policy distillation needs a teacher)")
-        if self.mode != "grpo" and self.data.global_batch_size % self.data.micro_batch_size:
+        if self.mode == "opd" and not self.opd.teachers:
+            raise ValueError("opd.teachers: at least one teacher is required when mode is 'opd'")
+        if self.mode not in ("grpo", "opd") and self.data.global_batch_size % self.data.micro_batch_size:
             raise ValueError(
                 f"data.globalBatchSize: {self.data.global_batch_size} must be a multiple of "
                 f"data.microBatchSize ({self.data.micro_batch_size})"
@@ -590,8 +681,6 @@ def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
     if cfg.parallelism.pp > 1:
         out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
                     "set 1"))
-    if cfg.mode == "opd":
-        out.append(("mode", "'opd' (on-policy distillation) is not run by `trex train` yet; use pretrain, cpt or sft"))
     if cfg.mode == "grpo":
         p = cfg.parallelism
         for name, degree in (("tp", p.tp), ("ep", p.ep), ("etp", p.etp)):
@@ -605,6 +694,15 @@ def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
 
 GRPO_NEEDS_PROMPTS = ("mode 'grpo' needs prompts with ground truths: an ORDataJob's prompts rendering (dataFrom) "
                       "or a benchmark file")
+OPD_NEEDS_PROMPTS = "mode 'opd' needs prompts: an ORDataJob's prompts rendering (dataFrom) or a benchmark file"
+
+
+def opd_world_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
+    """mode opd runs in one process: rollouts, teacher pass and student pass on one device."""
+    if cfg.mode == "opd" and world_size != 1:
+        return [("mode", f"'opd' (on-policy distillation) runs in one process; the job has {world_size} "
+                 "(set replicas and devicesPerReplica to 1)")]
+    return []
 
 
 def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None = None,
@@ -614,7 +712,7 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     (support_problems), and the memory plan fits ``device`` (``capacity`` bytes per process, default the
     device's memory; no device or an unknown capacity: not checked), with the optimizer states in host
     memory when optimizer.swap is on. Returns (field path, message) pairs; empty means valid."""
-    out = parallelism_problems(cfg, world_size) + support_problems(cfg)
+    out = parallelism_problems(cfg, world_size) + support_problems(cfg) + opd_world_problems(cfg, world_size)
     if out or device is None or (capacity is None and device.memory_bytes is None):
         return out
     from trex.trainer.plan import gib, plan_memory, with_swap

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,7 +32,14 @@ from trex.runtime.device import (
     supports_dtype,
 )
 from trex.trainer.build import build_checkpointer, build_layout, build_model_and_optimizers, ns_dtype
-from trex.trainer.config import GRPO_NEEDS_PROMPTS, TrainerConfig, resolved_model_values, support_problems
+from trex.trainer.config import (
+    GRPO_NEEDS_PROMPTS,
+    OPD_NEEDS_PROMPTS,
+    TrainerConfig,
+    opd_world_problems,
+    resolved_model_values,
+    support_problems,
+)
 from trex.trainer.data.build import build_data
 from trex.trainer.data.loader import PackedLoader, SampleLoader
 from trex.trainer.data.sources import DataError
@@ -44,6 +51,9 @@ from trex.trainer.rl.prompts import build_prompts
 from trex.trainer.rl.reward import Verifier
 from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, default_verifier
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
+
+if TYPE_CHECKING:
+    from trex.trainer.distill.run import OPDRun
 
 
 class ConfigProblem(ValueError):
@@ -58,7 +68,7 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
     """Cross-field checks the schema cannot express: batch sizes vs micro-batch x dp, sequence lengths."""
     out: list[tuple[str, str]] = []
     per_step = cfg.data.micro_batch_size * dp
-    if cfg.mode != "grpo" and cfg.data.global_batch_size % per_step:  # grpo: promptsPerStep x groupSize
+    if cfg.mode not in ("grpo", "opd") and cfg.data.global_batch_size % per_step:  # promptsPerStep x samples
         out.append(("data.globalBatchSize", f"{cfg.data.global_batch_size} is not a multiple of "
                     f"microBatchSize x dp = {per_step}"))
     for i, r in enumerate(cfg.optimizer.batch_ramp):
@@ -72,6 +82,10 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
         if c.seq_len > max_len:
             out.append((f"data.seqLenCurriculum[{i}].seqLen", f"{c.seq_len} exceeds the model's maxSeqLen {max_len}"))
     out.extend(support_problems(cfg))  # pp > 1 and opd: the rule `trex validate` applies too
+    if cfg.mode == "opd":
+        from trex.trainer.distill.run import opd_problems
+
+        out.extend(opd_problems(cfg.opd))
     if cfg.data.tokenizer.path is not None and not Path(cfg.data.tokenizer.path).is_file():
         out.append(("data.tokenizer.path", f"{cfg.data.tokenizer.path} does not exist"))
     if cfg.data.train is not None:
@@ -93,6 +107,8 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
         out.append(("checkpoint.initFromHf", f"{cfg.checkpoint.init_from_hf} is not a directory"))
     if cfg.mode == "grpo" and cfg.data.train is None:
         out.append(("data.train", GRPO_NEEDS_PROMPTS))
+    if cfg.mode == "opd" and cfg.data.train is None:
+        out.append(("data.train", OPD_NEEDS_PROMPTS))
     if cfg.mode == "grpo" and cfg.grpo.prompts_per_step % dp:
         out.append(("grpo.promptsPerStep", f"{cfg.grpo.prompts_per_step} is not a multiple of the {dp} "
                     "data-parallel rank(s) (each rank samples whole groups)"))
@@ -127,6 +143,22 @@ class StepRecord:
     """The swap optimizer's transfers in this step (None: swap off or the step was skipped)."""
     grpo: GRPOStats | None = None
     """mode grpo: rewards, KL, clipping, lengths, verifier outcomes and the rollout / verify / train split."""
+    opd: OPDStepInfo | None = None
+    """Distillation statistics (mode opd)."""
+
+
+@dataclass(frozen=True)
+class OPDStepInfo:
+    """What an opd step adds to the record: its OPDStats and the teacher pool's counters."""
+
+    kl: dict[str, float]
+    entropy: float
+    response_length: float
+    seconds: dict[str, float]
+    cache_hit_bytes: int
+    cache_spilled_bytes: int
+    teacher_switches: int
+    teacher_loads: int
 
 
 @dataclass
@@ -190,6 +222,20 @@ class Telemetry:
                     "swap_device_bytes_saved": rec.swap.bytes_saved}
             for name, value in swap.items():
                 e.metric(f"trex_train_{name}", job_name=job).set(value)
+        opd = {}
+        if rec.opd is not None:
+            o = rec.opd
+            for teacher, kl in o.kl.items():
+                e.metric("trex_train_opd_kl", job_name=job, teacher=teacher).set(kl)
+            e.metric("trex_train_opd_student_entropy", job_name=job).set(o.entropy)
+            e.metric("trex_train_opd_cache_hit_bytes_total", job_name=job).inc(o.cache_hit_bytes)
+            e.metric("trex_train_opd_cache_spilled_bytes_total", job_name=job).inc(o.cache_spilled_bytes)
+            e.metric("trex_train_opd_teacher_switches", job_name=job).set(o.teacher_switches)
+            opd = {**{f"opd_kl_{t}": v for t, v in o.kl.items()}, "opd_entropy": o.entropy,
+                   "opd_response_length": o.response_length,
+                   **{f"opd_{k}_seconds": v for k, v in o.seconds.items()},
+                   "opd_cache_hit_bytes": o.cache_hit_bytes, "opd_cache_spilled_bytes": o.cache_spilled_bytes,
+                   "opd_teacher_switches": o.teacher_switches, "opd_teacher_loads": o.teacher_loads}
         rl: dict[str, float] = {}
         if rec.grpo is not None:
             rl = grpo_record(rec.grpo)
@@ -203,7 +249,7 @@ class Telemetry:
             "step_seconds": rec.seconds, "compute_seconds": rec.compute_seconds,
             "optimizer_seconds": rec.optimizer_seconds, "tokens_per_second": rec.tokens / max(rec.seconds, 1e-9), "mfu": mfu,
             "skipped": rec.skipped, "spike": rec.spike, "anticipatory": rec.anticipatory,
-            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch, **swap, **rl,
+            "expert_load_cv": rec.load_cv, "seq_len": rec.seq_len, "global_batch": rec.global_batch, **swap, **rl, **opd,
             **({"verifier_outcomes": rec.grpo.outcomes} if rec.grpo is not None else {}),
         })
 
@@ -237,7 +283,7 @@ class Trainer:
             field_path, _, rest = str(e).partition(": ")
             raise ConfigProblem(field_path, rest) from None
         self.dp_rank, _tp_rank = dense_coordinates(self.dims, self.rank)  # tp ranks read the same batch
-        problems = config_problems(cfg, dp=self.dims.dp)
+        problems = config_problems(cfg, dp=self.dims.dp) + opd_world_problems(cfg, self.world)
         if problems:
             raise ConfigProblem(*problems[0])
         self.cfg = cfg
@@ -261,12 +307,16 @@ class Trainer:
         try:
             self.loader: PackedLoader | SampleLoader | None = None
             self.grpo: GRPORun | None = None
+            self.opd: OPDRun | None = None
             vocab = int(str(resolved_model_values(cfg.model)["vocab_size"]))
-            if cfg.mode == "grpo":
+            if cfg.mode in ("grpo", "opd"):
                 self.tokenizer, items = build_prompts(cfg, self.ckpt_dir.parent / "tokenizer", vocab)
                 self.format = "prompts"
+            if cfg.mode == "grpo":
                 self.grpo = GRPORun(cfg, self.tokenizer, items, verifier or default_verifier(cfg),
                                     self.ckpt_dir / WAL_DIR, self.dp_rank, self.dims.dp, self._sum_over_ranks)
+            elif cfg.mode == "opd":
+                self.opd = self._opd_run(items, vocab)
             else:
                 self.tokenizer, self.loader, self.format = build_data(cfg.data, self.ckpt_dir.parent / "tokenizer",
                                                                       vocab)
@@ -299,6 +349,18 @@ class Trainer:
         built = build_model_and_optimizers(self.cfg, self.device, self.layout)
         self.parallel = built.parallel
         return built.model, built.opts
+
+    def _opd_run(self, items: list[Any], vocab: int) -> OPDRun:
+        """The prompts' teachers, the teacher pool and the sampling of mode opd (problems named by their field)."""
+        from trex.runtime.device import torch_dtype
+        from trex.trainer.distill.run import OPDRun
+
+        try:
+            return OPDRun(self.cfg, self.tokenizer, items, self.device.torch_device(), torch_dtype(self.cfg.model.dtype),
+                          self.ckpt_dir, vocab)
+        except ValueError as e:
+            field_path, _, rest = str(e).partition(": ")
+            raise ConfigProblem(field_path, rest) from None
 
     def _anticipatory(self) -> AnticipatoryRouting:
         model: Any = self.model
@@ -424,9 +486,13 @@ class Trainer:
         self.anticipatory.snapshot()
         anticipatory = self.anticipatory.prepare(s)
         grpo: GRPOStats | None = None
+        opd: OPDStepInfo | None = None
         if self.grpo is not None:
             parts_sum, counts, total_valid, tokens, seq_len, gbatch, grpo = self._grpo_backward(s)
             loss_key = "grpo"
+        elif self.opd is not None:
+            parts_sum, counts, total_valid, tokens, seq_len, gbatch, opd = self._opd_backward(s)
+            loss_key = "opd"
         else:
             parts_sum, counts, total_valid, tokens, seq_len, gbatch = self._lm_backward(s)
             loss_key = "lm"
@@ -461,8 +527,9 @@ class Trainer:
                     import torch.distributed as dist
 
                     dist.all_reduce(counts, group=self.group)
-            # A GRPO loss is no language-model loss: its level moves with the rewards, so no spike detection.
-            if cfg.stability.enabled and self.grpo is None and self.detector.observe(s, lm_loss):
+            # GRPO and OPD losses are no language-model loss (their level moves with the rewards or the
+            # teachers), so no spike detection.
+            if cfg.stability.enabled and loss_key == "lm" and self.detector.observe(s, lm_loss):
                 spike = True
                 self.spikes += 1
                 self.anticipatory.trigger(s)
@@ -478,7 +545,7 @@ class Trainer:
                           seq_len=seq_len, global_batch=gbatch, compute_seconds=t_compute - t0,
                           optimizer_seconds=t_end - t_compute,
                           swap=self.opts.last if isinstance(self.opts, SwapOptimizers) and not skipped else None,
-                          grpo=grpo)
+                          grpo=grpo, opd=opd)
 
     def _lm_backward(self, s: int) -> tuple[dict[str, float], torch.Tensor | None, float, int, int, int]:
         """Forward and backward of the language-model loss over the step's micro-batches (batch ramp, sequence
@@ -540,6 +607,23 @@ class Trainer:
         seq_len = max(len(r.prompt) + len(r.tokens) for r in rollouts)
         return ({**parts, "total": parts["grpo"]}, counts, valid[0], int(valid[1]), seq_len, stats.responses,
                 stats)
+
+    def _opd_backward(self, s: int) -> tuple[dict[str, float], torch.Tensor | None, float, int, int, int,
+                                             OPDStepInfo]:
+        """mode opd: rollouts of the step's prompts with the current weights, the teachers' pass and the backward of
+        the reverse KL (trex.trainer.distill). Same returns as _lm_backward, plus the step's statistics."""
+        run = self.opd
+        assert run is not None
+        with self._autocast(self.device.torch_device()):
+            stats = run.step(self.model, s)
+        cache, teachers = run.pool.cache.take_stats(), run.pool.take_stats()
+        info = OPDStepInfo(kl=stats.kl, entropy=stats.entropy, response_length=stats.response_length,
+                           seconds=stats.seconds, cache_hit_bytes=cache.hit_bytes,
+                           cache_spilled_bytes=cache.spilled_bytes, teacher_switches=teachers.switches,
+                           teacher_loads=teachers.trunk_loads)
+        parts = {"opd": stats.loss, "total": stats.loss}
+        responses = self.cfg.opd.prompts_per_step * self.cfg.opd.samples_per_prompt
+        return parts, stats.expert_counts, float(stats.tokens), stats.sequence_tokens, stats.seq_len, responses, info
 
     def _autocast(self, dev: torch.device) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast around forward and loss when model.autocast asks for it, else nothing."""
@@ -641,6 +725,8 @@ class Trainer:
             self.save()
         if self.telemetry is not None:
             self.telemetry.jsonl.close()
+        if self.opd is not None:
+            self.opd.close()
         return TrainResult(self.step, last_loss, last_mfu, self.last_checkpoint, self.skipped, self.spikes,
                            interrupted, history)
 

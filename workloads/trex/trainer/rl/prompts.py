@@ -20,9 +20,10 @@ from trex.trainer.config import TrainerConfig
 from trex.trainer.data.sources import DataError, jsonl_files
 
 
-def load_items(train: str, fmt: str) -> list[Item]:
+def load_items(train: str, fmt: str, need_truths: bool = True) -> list[Item]:
     """Every item of the JSONL file(s) ``train`` names (a file, a folder of *.jsonl or a glob), in name order;
-    ids must be distinct across files. DataError names the file and record at fault."""
+    ids must be distinct across files (and some hold ground truths when ``need_truths``). DataError names the
+    file and record at fault."""
     from trex.evaluation.benchmarks import FORMATS
 
     parse = FORMATS[fmt].parse
@@ -39,7 +40,7 @@ def load_items(train: str, fmt: str) -> list[Item]:
         seen.add(it.id)
     if not items:
         raise DataError(f"data.train: {train} holds no prompts")
-    if all(it.truth is None and not it.named for it in items):
+    if need_truths and all(it.truth is None and not it.named for it in items):
         raise DataError(f"data.train: {train} holds no ground truths (GRPO's rewards need them)")
     return items
 
@@ -82,18 +83,19 @@ class PromptOrder:
 
 
 def build_prompts(cfg: TrainerConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokenizer, list[Item]]:
-    """(tokenizer, items) of mode grpo: data.tokenizer.path (the SFT run's tokenizer, normally), else a BPE
-    trained on the rendered prompts and the reference answers."""
+    """(tokenizer, items) of mode grpo or opd (its section's promptFormat and promptSet): data.tokenizer.path (the
+    SFT run's tokenizer, normally), else a BPE trained on the rendered prompts and the reference answers."""
     from trex.trainer.data.sources import corpus_fingerprint
     from trex.trainer.data.tokenizer import load_or_train
 
     if cfg.data.train is None:
-        raise DataError("data.train: mode grpo needs prompts with ground truths (an ORDataJob's prompts rendering "
-                        "or a benchmark file)")
+        raise DataError(f"data.train: mode {cfg.mode} needs prompts (an ORDataJob's prompts rendering or a benchmark "
+                        "file)")
     from trex.prompt_contract import prompt_messages
 
-    items = load_items(cfg.data.train, cfg.grpo.prompt_format)
-    texts = [m["content"] for it in items for m in prompt_messages(it.question, cfg.grpo.prompt_set)]
+    src = cfg.opd if cfg.mode == "opd" else cfg.grpo
+    items = load_items(cfg.data.train, src.prompt_format, need_truths=cfg.mode == "grpo")
+    texts = [m["content"] for it in items for m in prompt_messages(it.question, src.prompt_set)]
     texts += [str(it.meta["reference"]) for it in items if it.meta.get("reference")]
     vocab = min(cfg.data.tokenizer.vocab_size, max_vocab)
     tok = load_or_train(cfg.data.tokenizer.path, texts, vocab, cache_dir, corpus_fingerprint(cfg.data.train),

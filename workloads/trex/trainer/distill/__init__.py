@@ -1,0 +1,1 @@
+"""On-policy distillation: a fused full-vocabulary reverse KL and the teacher pass that feeds it."""

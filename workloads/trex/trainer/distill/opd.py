@@ -1,0 +1,126 @@
+"""One on-policy distillation step: the student samples responses, the teachers' trunks run once over them,
+and the student minimises sum_i w_i KL(p_student || p_teacher_i) over the response tokens.
+
+The student's trunk runs forward once; its pre-head hidden states are detached and each teacher's KL (with
+the student's head) is computed and back-propagated on its own, so only one teacher head is in use at a
+time and its tensors are freed before the next arrives; the accumulated hidden-state gradient then flows
+through the student's trunk in one backward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trex.trainer.distill.kl import Estimator, reverse_kl, token_coefficients
+from trex.trainer.distill.teacher import TeacherPool, teacher_groups
+from trex.trainer.model.model import DeepSeekModel
+from trex.trainer.rl.step import pack as rl_pack
+from trex.trainer.rollout import Rollout, SamplingParams, generate
+
+
+@dataclass
+class OPDBatch:
+    """Prompts + responses, right-padded: ``input_ids`` [B, L]; ``mask`` [B, L] marks the positions whose
+    next token is a response token (prompt tokens and padding are masked); ``targets`` [B, L] the next
+    tokens (the sampled ones, for the sampled-token estimator); ``teachers[b]`` the teachers of sample b."""
+
+    input_ids: torch.Tensor
+    mask: torch.Tensor
+    targets: torch.Tensor
+    teachers: list[list[str]]
+
+    @property
+    def tokens(self) -> int:
+        """Scored (response) tokens."""
+        return int(self.mask.sum())
+
+
+def pack(rollouts: Sequence[Rollout], teachers: Sequence[Sequence[str]], pad_id: int = 0) -> OPDBatch:
+    """The rollouts as one right-padded batch, laid out as GRPO's (:func:`trex.trainer.rl.step.pack`; the model is
+    causal: padding after a sequence changes nothing before it)."""
+    b = rl_pack(rollouts, pad_id)
+    return OPDBatch(b.input_ids, b.mask, b.targets, [list(t) for t in teachers])
+
+
+@dataclass
+class OPDStats:
+    """What one step measured (floats, detached)."""
+
+    loss: float
+    kl: dict[str, float]
+    """Mean KL per teacher over its tokens (full-vocab: exact; sampled-token: the mean log-ratio)."""
+    entropy: float
+    """The student's mean entropy over the scored tokens."""
+    tokens: int
+    """Scored (response) tokens."""
+    response_length: float
+    """Mean response tokens per sample."""
+    seq_len: int
+    """Length of the packed batch (longest prompt + response)."""
+    sequence_tokens: int = 0
+    """Prompt + response tokens of every sample (what the student's forward reads, padding aside)."""
+    expert_counts: torch.Tensor | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    """rollout, teacher and student wall seconds."""
+
+
+def opd_backward(student: DeepSeekModel, batch: OPDBatch, pool: TeacherPool, *, estimator: Estimator,
+                 chunk_size: int) -> OPDStats:
+    """Teacher pass, student forward, per-teacher KL and backward (gradients accumulate into the student's
+    .grad). Returns the step's statistics (timings of the teacher and student parts; tokens 0 when no response
+    has a token)."""
+    device = pool.device
+    weights = {label: t.weight for label, t in pool.teachers.items()}
+    groups = teacher_groups(pool.labels, batch.teachers, batch.mask, weights)
+    if not groups:  # every response empty (the prompts filled the context): nothing to learn, no backward
+        return OPDStats(loss=0.0, kl={}, entropy=0.0, tokens=0, response_length=0.0, seq_len=batch.input_ids.shape[1])
+    t0 = time.perf_counter()
+    pool.teacher_pass(batch.input_ids, groups)
+    t1 = time.perf_counter()
+    out = student(batch.input_ids.to(device), logits=False)
+    assert out.hidden is not None and out.head_weight is not None
+    flat = out.hidden.reshape(-1, out.hidden.shape[-1])
+    hs = flat.detach().requires_grad_()
+    targets = batch.targets.reshape(-1).to(device)
+    n = float(batch.tokens)
+    loss, kl, ent, ent_n = 0.0, {}, 0.0, 0
+    for g, ht, wt in pool.stream(groups):
+        pos = g.positions.to(device)
+        coef = token_coefficients(torch.ones(pos.shape[0], device=device), g.weight, denominator=n)
+        res = reverse_kl(hs[pos], out.head_weight, ht, wt, coef, estimator=estimator, tokens=targets[pos],
+                         chunk_size=chunk_size)
+        torch.autograd.backward(res.loss)
+        loss += float(res.loss.detach())
+        kl[g.label] = float(res.kl.mean())
+        ent += float(res.entropy.sum())
+        ent_n += res.entropy.numel()
+        del ht, wt, res
+    assert hs.grad is not None
+    torch.autograd.backward(flat, hs.grad)
+    t2 = time.perf_counter()
+    lengths = batch.mask.sum(1).double()
+    return OPDStats(loss=loss, kl=kl, entropy=ent / max(ent_n, 1), tokens=batch.tokens,
+                    response_length=float(lengths.mean()), seq_len=batch.input_ids.shape[1], expert_counts=out.expert_counts.detach(),
+                    seconds={"teacher": t1 - t0, "student": t2 - t1})
+
+
+def opd_step(student: DeepSeekModel, prompts: Sequence[Sequence[int]], teachers: Sequence[Sequence[str]],
+             pool: TeacherPool, params: SamplingParams, *, samples_per_prompt: int, seed: int, step: int,
+             estimator: Estimator, chunk_size: int) -> OPDStats:
+    """Sample ``samples_per_prompt`` responses per prompt with the student as it is (policy version = step;
+    sample ids unique per step), then :func:`opd_backward`. ``teachers[i]``: the teachers of prompt i."""
+    g = samples_per_prompt
+    expanded = [list(p) for p in prompts for _ in range(g)]
+    ids = [step * len(expanded) + i for i in range(len(expanded))]
+    t0 = time.perf_counter()
+    rollouts = generate(student, expanded, params, seed, sample_ids=ids, policy_version=step)
+    t1 = time.perf_counter()
+    batch = pack(rollouts, [list(t) for t in teachers for _ in range(g)])
+    stats = opd_backward(student, batch, pool, estimator=estimator, chunk_size=chunk_size)
+    stats.seconds["rollout"] = t1 - t0
+    stats.sequence_tokens = sum(len(r.prompt) + len(r.tokens) for r in rollouts)
+    return stats

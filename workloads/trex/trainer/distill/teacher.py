@@ -1,0 +1,203 @@
+"""Teachers for on-policy distillation: lazily loaded trunks, cached pre-head hidden states, heads streamed
+one teacher at a time.
+
+Each teacher's weights are read from its folder the first time a batch needs it. Per batch, the teacher
+pass runs each teacher's trunk once over its samples (the model's ``logits=False`` forward: the hidden
+state after the final norm, and for mHC models after the head's hyper-connection mixing) and stores the
+response positions' hidden states in a :class:`HiddenStateCache`; the trunk then leaves the accelerator.
+The loss visits the teachers in order (the samples are sorted by teacher), with the next teacher's head
+and hidden states copied to the device through the copy engine while the current teacher's KL computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from trex.runtime.copy_engine import CopyEngine, CopyHandle
+from trex.trainer.distill.cache import HiddenStateCache
+
+if TYPE_CHECKING:
+    from trex.trainer.model.model import DeepSeekModel
+
+CONFIG_NAME = "config.json"
+MANIFEST = "manifest.json"
+
+
+def resolve_teacher_dir(path: str | Path) -> Path:
+    """The Hugging Face folder a teacher path names: the folder itself (config.json), its ``hf`` export, or
+    for a trex checkpoint folder the newest step whose manifest is written and which holds an export."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"teacher {root}: not a directory")
+    if root.name.startswith("step-") and not (root / MANIFEST).is_file():
+        raise FileNotFoundError(f"teacher {root}: the checkpoint is incomplete (no {MANIFEST})")
+    for cand in (root, root / "hf"):
+        if (cand / CONFIG_NAME).is_file():
+            return cand
+    steps = sorted((p for p in root.glob("step-*") if p.is_dir() and (p / MANIFEST).is_file()), reverse=True)
+    for step in steps:
+        if (step / "hf" / CONFIG_NAME).is_file():
+            return step / "hf"
+    raise FileNotFoundError(f"teacher {root}: no Hugging Face export (config.json) in the folder, its hf/ or a "
+                            "completed step-N/hf (run the teacher with checkpoint.exportHfEvery)")
+
+
+@dataclass
+class TeacherStats:
+    """Loads and switches since the last reset."""
+
+    trunk_loads: int = 0
+    """Teacher weights read from their folders."""
+    head_loads: int = 0
+    """Teacher heads copied to the device."""
+    switches: int = 0
+    """Changes of the head in use."""
+    max_heads_on_device: int = 0
+    """Most heads on the device at once (the one in use plus the one prefetching)."""
+
+
+@dataclass
+class Teacher:
+    """One teacher: where it is, its weight, and (once loaded) its model and a host copy of its head."""
+
+    label: str
+    weight: float
+    path: Path
+    model: DeepSeekModel | None = None
+    head: torch.Tensor | None = None
+
+
+@dataclass
+class Group:
+    """The tokens one teacher scores: their flat indices into the batch's [B * L] positions."""
+
+    label: str
+    weight: float
+    positions: torch.Tensor
+    samples: list[int] = field(default_factory=list)
+
+
+class TeacherPool:
+    """The run's teachers, their hidden-state cache and the copy engine that streams heads to the device."""
+
+    def __init__(self, teachers: Sequence[tuple[str, float, str | Path]], device: torch.device,
+                 cache: HiddenStateCache, engine: CopyEngine, *, vocab_size: int, dtype: torch.dtype = torch.float32,
+                 prefetch: bool = True) -> None:
+        self.teachers = {label: Teacher(label, weight, Path(path)) for label, weight, path in teachers}
+        self.device = device
+        self.cache = cache
+        self.engine = engine
+        self.vocab_size = vocab_size
+        self.dtype = dtype
+        self.prefetch = prefetch
+        self.stats = TeacherStats()
+        self._on_device = 0
+
+    @property
+    def labels(self) -> list[str]:
+        """Teacher labels in configuration order (the order batches are sorted in)."""
+        return list(self.teachers)
+
+    def _load(self, t: Teacher) -> DeepSeekModel:
+        """The teacher's model, read from its folder on first use (kept on the host between batches)."""
+        if t.model is None:
+            from trex.trainer.hf import load_hf
+
+            model = load_hf(resolve_teacher_dir(t.path), device="cpu", dtype=self.dtype)
+            if model.args.vocab_size != self.vocab_size:
+                raise ValueError(f"teacher {t.label}: vocabulary {model.args.vocab_size} != the student's "
+                                 f"{self.vocab_size} (distillation needs one tokenizer)")
+            model.eval().requires_grad_(False)
+            t.model = model
+            t.head = model.lm_head.weight.detach()
+            if self.device.type != "cpu":
+                t.head = t.head.pin_memory()
+            self.stats.trunk_loads += 1
+        return t.model
+
+    @torch.no_grad()
+    def teacher_pass(self, input_ids: torch.Tensor, groups: Sequence[Group]) -> None:
+        """Run each teacher's trunk once over its samples' rows of ``input_ids`` [B, L] and cache the hidden
+        states at its positions (one trunk on the device at a time)."""
+        length = input_ids.shape[1]
+        for g in groups:
+            model = self._load(self.teachers[g.label])
+            if self.device.type != "cpu":
+                model.to(self.device)
+            rows = torch.tensor(g.samples, dtype=torch.long)
+            out = model(input_ids[rows].to(self.device), logits=False)
+            assert out.hidden is not None
+            # Flat batch positions -> positions within the teacher's own rows.
+            local = {s: i for i, s in enumerate(g.samples)}
+            pos = g.positions.cpu()
+            index = torch.tensor([local[int(p) // length] for p in pos], dtype=torch.long) * length + pos % length
+            hidden = out.hidden.reshape(-1, out.hidden.shape[-1])[index.to(self.device)]
+            self.cache.put(g.label, hidden)
+            if self.device.type != "cpu":
+                model.to("cpu")
+
+    def _start(self, g: Group) -> tuple[torch.Tensor, torch.Tensor, CopyHandle]:
+        head = self.teachers[g.label].head
+        assert head is not None, "teacher_pass loads every teacher it is given"
+        hidden = self.cache.get(g.label)
+        dst_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=self.device)
+        dst_w = torch.empty(head.shape, dtype=head.dtype, device=self.device)
+        handle = self.engine.copy_many([(dst_h, hidden), (dst_w, head)])
+        self.stats.head_loads += 1
+        self._on_device += 1
+        self.stats.max_heads_on_device = max(self.stats.max_heads_on_device, self._on_device)
+        return dst_h, dst_w, handle
+
+    def stream(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor, torch.Tensor]]:
+        """(group, teacher hidden states [n, D_t], teacher head [V, D_t]) on the device, one teacher after the
+        other; with prefetch the next teacher's copies start before the current one is handed out. Each head is
+        released (and the cache entry dropped) when the caller asks for the next."""
+        pending = self._start(groups[0]) if groups else None
+        for i, g in enumerate(groups):
+            assert pending is not None
+            hidden, head, handle = pending
+            pending = self._start(groups[i + 1]) if self.prefetch and i + 1 < len(groups) else None
+            handle.wait()
+            if i:
+                self.stats.switches += 1
+            yield g, hidden, head
+            del hidden, head
+            self._on_device -= 1
+            self.cache.drop(g.label)
+            if pending is None and i + 1 < len(groups):
+                pending = self._start(groups[i + 1])
+
+    def take_stats(self) -> TeacherStats:
+        """The counters since the last call (then reset)."""
+        out, self.stats = self.stats, TeacherStats()
+        return out
+
+    def close(self) -> None:
+        """Drop the cache's spill files."""
+        self.cache.clear()
+
+
+def teacher_groups(labels: Sequence[str], assigned: Sequence[Sequence[str]], mask: torch.Tensor,
+                   weights: dict[str, float]) -> list[Group]:
+    """Group the batch's scored positions by teacher, teachers in ``labels`` order (so each head is used
+    once per batch however the samples interleave). ``assigned[b]``: the teachers of sample b; ``mask`` [B, L]:
+    the positions whose next token is a response token."""
+    flat = mask.reshape(-1)
+    length = mask.shape[1]
+    out = []
+    for label in labels:
+        samples = [b for b, names in enumerate(assigned) if label in names]
+        if not samples:
+            continue
+        rows = torch.zeros(mask.shape[0], dtype=torch.bool)
+        rows[samples] = True
+        keep = flat & rows.repeat_interleave(length)
+        positions = keep.nonzero().squeeze(1)
+        if positions.numel():
+            out.append(Group(label, weights[label], positions, samples))
+    return out
