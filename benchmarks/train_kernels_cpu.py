@@ -7,6 +7,12 @@
 3. Print per-arm median tokens/s and MFU (same FLOPs-per-token convention and measured peak for both), their
    ratio (goal >= 1.15x), the kernels that were active and how often each ran, and the tuning's per-kernel
    MILP Spearman correlation (predicted vs measured over the measured candidates).
+4. Per op: every dispatch call one tuned step makes (shape, count), its forward + backward timed eager against
+   tuned (interleaved, paired medians), and the step ratio those savings bound (Amdahl: eager step time over
+   eager step time less the savings), which says how far the covered ops can move a whole step.
+
+The trainer runs cpu-c kernels on one thread (``trex.trainer.kernels.training_params``), so they are tuned
+with ``threads: 1``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=6, help="tuning trials per kernel shape")
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--registry", help="reuse this registry instead of tuning")
+    ap.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     args = ap.parse_args(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="trex-train-kernels-"))
     data: dict[str, Any] = {"model": {"preset": args.preset}, "maxSteps": 10_000,
@@ -53,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.registry:
         kernels = sorted({k for k, _ in shapes})
         cfg = load_section(KernelTuneConfig, {
-            "suite": "none", "kernels": kernels, "output": str(work / "tune"), "compareCompile": False,
+            "suite": "none", "kernels": kernels, "output": str(work / "tune"), "compareCompile": False, "threads": 1,
             "shapes": [{"kernel": k, "dims": d} for k, d in shapes],
             "budget": {"trials": args.trials * len(shapes), "seconds": 3600.0, "samples": args.samples}})
         tune(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -71,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     arms: dict[str, tuple[Trainer, Any]] = {"eager": (eager, None), "tuned": (tuned, state)}
     rows: dict[str, list[tuple[float, float]]] = {"eager": [], "tuned": []}
     order = ["eager", "tuned"]
+    eager_records: list[Any] = []
     for i in range(args.steps + 2):
         for name in (order if i % 2 == 0 else order[::-1]):
             tr, st = arms[name]
@@ -79,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                 tk.STATE = st
                 layers.TUNED.update(tk.DISPATCH)
             rec = tr.train_step()
+            if i >= 2 and name == "eager":
+                eager_records.append(rec)
             if i >= 2:
                 tps = rec.tokens / rec.seconds
                 rows[name].append((tps, fpt * tps / peak))
@@ -94,8 +106,59 @@ def main(argv: list[str] | None = None) -> int:
     if rhos:
         print("MILP Spearman (predicted vs measured candidates) per kernel: "
               + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in sorted(rhos.items())))
+    per_op(tuned, state, statistics.median(r.seconds for r in eager_records), args.samples)
     print(f"registry {registry}; wall time {time.monotonic() - t0:.0f} s")
     return 0
+
+
+def per_op(trainer: Any, state: Any, step_s: float, samples: int) -> None:
+    """Forward + backward of every dispatch call one tuned step makes, eager against tuned, and the step ratio
+    the savings bound."""
+    from collections import Counter
+
+    import torch
+    from trex.kernels.profile import interleaved
+    from trex.trainer import kernels as tk
+    from trex.trainer.model import layers
+
+    calls: Counter[tuple[str, tuple[int, ...], float]] = Counter()
+
+    def recording(name: str) -> Any:
+        def f(*a: Any) -> Any:
+            calls[(name, tuple(a[0].shape), float(a[2]))] += 1
+            return tk.DISPATCH[name](*a)
+        return f
+    tk.STATE = state
+    layers.TUNED.clear()
+    layers.TUNED.update({n: recording(n) for n in tk.DISPATCH})
+    trainer.train_step()
+
+    def arm(tuned: bool, fwd: Any, dy: torch.Tensor) -> Any:
+        def run() -> None:
+            layers.TUNED.clear()
+            if tuned:
+                layers.TUNED.update(tk.DISPATCH)
+            fwd().backward(dy)
+        return run
+    saved = 0.0
+    print("per op (forward + backward, one call; interleaved paired medians):")
+    for (name, shape, scalar), n in sorted(calls.items()):
+        g = torch.Generator().manual_seed(0)
+        dy = torch.randn(shape, generator=g)
+        if name == "rmsnorm":
+            norm = layers.RMSNorm(shape[-1], eps=scalar)
+            x = torch.randn(shape, generator=g).requires_grad_()
+            fwd = lambda norm=norm, x=x: norm(x)  # noqa: E731
+        else:
+            gate, up = (torch.randn(shape, generator=g).requires_grad_() for _ in range(2))
+            fwd = lambda gate=gate, up=up, lim=scalar: layers.swiglu(gate, up, lim)  # noqa: E731
+        t = interleaved(arm(True, fwd, dy), arm(False, fwd, dy), samples=samples)
+        saved += n * (t.median_base - t.median_cand)
+        print(f"  {name:8s} {'x'.join(map(str, shape)):12s} {n:3d}/step  eager {1e6 * t.median_base:9.1f} us  "
+              f"tuned {1e6 * t.median_cand:9.1f} us  gain {t.gain:.2f} (95% CI [{t.ci_low:.2f}, {t.ci_high:.2f}])")
+    layers.TUNED.clear()
+    print(f"covered ops: {1e3 * saved:.1f} ms saved per step of {step_s:.3f} s (eager median) -> these kernels bound "
+          f"the step ratio at {step_s / max(step_s - saved, 1e-9):.3f}x")
 
 
 if __name__ == "__main__":
