@@ -57,7 +57,8 @@ def backend(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monkey
     return CpuCBackend(cache_dir=cache)
 
 
-def _registry(tmp: Path, cfg: TrainerConfig, be: CpuCBackend, only: str = "", threads: int = 1) -> Path:
+def _registry(tmp: Path, cfg: TrainerConfig, be: CpuCBackend, only: str | tuple[str, ...] = "",
+              threads: int = 1) -> Path:
     """A registry holding a (non-default: vectorised, chunked) configuration for every shape the run uses (or
     only for kernel names starting with ``only``)."""
     r = reg.empty("cpu-c", "cpu:test")
@@ -102,15 +103,18 @@ def test_tuned_kernels_are_used_and_training_matches_eager(tmp_path: Path, backe
     assert not layers.TUNED
 
 
-def test_router_kernel_is_used_and_training_matches_eager(tmp_path: Path, backend: CpuCBackend) -> None:
-    """Top-k routing through the tuned router_topk (its weights' gradient through the custom op's formula)."""
+def test_moe_kernels_are_used_and_training_matches_eager(tmp_path: Path, backend: CpuCBackend) -> None:
+    """Top-k routing through the tuned router_topk (its weights' gradient through the custom op's formula) and
+    the routed experts' GEMMs through the tuned grouped GEMM (forward and dx; dw per expert)."""
     base_cfg = _cfg(tmp_path / "eager", None)
     eager_losses, _ = _train(base_cfg, tmp_path / "eager")
-    cfg = _cfg(tmp_path / "tuned", _registry(tmp_path, base_cfg, backend, only="router"))
+    cfg = _cfg(tmp_path / "tuned", _registry(tmp_path, base_cfg, backend, only=("router", "grouped")))
     losses, tr = _train(cfg, tmp_path / "tuned")
     try:
-        assert [k.split("/")[0] for k in tr.kernels.active] == ["router_topk"] and not tr.kernels.refused
+        assert {k.split("/")[0] for k in tr.kernels.active} == {"router_topk", "grouped_gemm"}
+        assert not tr.kernels.refused
         assert tr.kernels.calls["router_topk"] >= 2 * STEPS  # one MoE layer and the MTP block's
+        assert tr.kernels.calls["grouped_gemm"] >= 2 * 6 * STEPS  # 3 GEMMs each: forward and dx
         assert losses == pytest.approx(eager_losses, rel=1e-4)
         assert losses != eager_losses
     finally:
@@ -119,9 +123,9 @@ def test_router_kernel_is_used_and_training_matches_eager(tmp_path: Path, backen
 
 def test_rope_and_router_gradients_equal_eager_autograd(tmp_path: Path, backend: CpuCBackend) -> None:
     """The custom ops' autograd formulas (RoPE's backward through rope_inv, the router weights' through the
-    renormalisation) against torch autograd of the eager model code."""
+    renormalisation, the grouped GEMM's) against torch autograd of the eager model code."""
     from trex.trainer.model.layers import apply_rope, rope_cos_sin
-    from trex.trainer.model.moe import router_scores
+    from trex.trainer.model.moe import grouped_linear, router_scores
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 32, 4, 8, generator=g)  # the tiny preset's query rope part: heads 4, rope dim 8
@@ -149,6 +153,15 @@ def test_rope_and_router_gradients_equal_eager_autograd(tmp_path: Path, backend:
             w = s.gather(1, idx)
             return w / w.sum(-1, keepdim=True), idx
         return f
+    xs, counts = torch.randn(128, 64, generator=g), torch.tensor([18, 0, 40, 6, 14, 22, 12, 16])  # an idle expert
+    w_up, dys = torch.randn(8, 32, 64, generator=g) / 8, torch.randn(128, 32, generator=g)
+
+    def gemm_grads(f: Any) -> tuple[torch.Tensor, ...]:
+        xx, ww = xs.clone().requires_grad_(), w_up.clone().requires_grad_()
+        y = f(xx, ww)
+        y.backward(dys)
+        return y.detach(), xx.grad, ww.grad
+    ref_gemm = gemm_grads(lambda xx, ww: grouped_linear(xx, ww, counts))
     ref_rope = rope_grads(lambda xx: apply_rope(xx, cos, sin, interleave=False))
     ref_router = {sc: router_grads(eager_router(sc)) for sc in tk.SCORE_CODES}
     cfg = _cfg(tmp_path, _registry(tmp_path, _cfg(tmp_path, None), backend))
@@ -162,7 +175,10 @@ def test_rope_and_router_gradients_equal_eager_autograd(tmp_path: Path, backend:
         for got, (idx, grad) in ((tuned, ref_router["sigmoid"]), (other, ref_router["sqrt-softplus"])):
             assert torch.equal(got[0], idx)
             torch.testing.assert_close(got[1], grad, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(gemm_grads(lambda xx, ww: grouped_linear(xx, ww, counts)), ref_gemm,
+                                   rtol=1e-4, atol=1e-5)
         assert tk.STATE.calls["rope_fwd"] == 1 and tk.STATE.calls["rope_inv"] == 1 and tk.STATE.calls["router_topk"] == 1
+        assert tk.STATE.calls["grouped_gemm"] == 2  # forward and dx
     finally:
         tk.install(None, {}, 1, [1], "cpu", lambda _m: None)
 
@@ -204,7 +220,8 @@ class _Wrong:
 
 
 @pytest.mark.parametrize(("kernel", "out", "other"), [("rmsnorm_fwd", "y", "rmsnorm_bwd"), ("rope_fwd", "y", "rope_inv"),
-                                                    ("router_topk", "weights", "rmsnorm_fwd")])
+                                                    ("router_topk", "weights", "rmsnorm_fwd"),
+                                                    ("grouped_gemm", "y", "router_topk")])
 def test_wrong_kernel_is_refused_at_load(tmp_path: Path, backend: CpuCBackend, kernel: str, out: str,
                                          other: str) -> None:
     cfg = _cfg(tmp_path, _registry(tmp_path, _cfg(tmp_path, None), backend))
@@ -262,9 +279,12 @@ def test_registry_shape_classes_match_the_trainers_real_calls(tmp_path: Path, at
     def router(logits: torch.Tensor, _bias: torch.Tensor, k: int, scoring: str) -> None:
         dims = {"tokens": logits.shape[0], "experts": logits.shape[1], "k": k, "score": tk.SCORE_CODES[scoring]}
         seen.add(("router_topk", shape_bucket(dims)))
+    def gemm(x: torch.Tensor, w: torch.Tensor, _counts: torch.Tensor) -> None:
+        dims = {"tokens": x.shape[0], "experts": w.shape[0], "hidden": w.shape[2], "out": w.shape[1]}
+        seen.add(("grouped_gemm", shape_bucket(dims)))
     tr = Trainer(cfg, tmp_path, measure_peak=False, log=lambda _m: None)
     layers.TUNED.update({"rmsnorm": rows_cols("rmsnorm_fwd"), "swiglu": rows_cols("swiglu_clamp_fwd"), "rope": rope,
-                         "router": router})
+                         "router": router, "grouped_gemm": gemm})
     try:
         tr.run(3)
     finally:
@@ -274,6 +294,9 @@ def test_registry_shape_classes_match_the_trainers_real_calls(tmp_path: Path, at
     def classes(kernel: str, among: set[tuple[str, str]]) -> set[str]:
         return {b for k, b in among if k == kernel}
     assert classes("router_topk", derived) == classes("router_topk", seen)
+    assert classes("grouped_gemm", derived) == classes("grouped_gemm", seen) and len(classes("grouped_gemm", seen)) == 2
+    assert {k for k, _ in seen} == {"rmsnorm_fwd", "swiglu_clamp_fwd", "router_topk", "grouped_gemm"} | (
+        {"rope_fwd"} if attention == "mla" else set())
     if attention == "mla":
         assert classes("rmsnorm_fwd", derived) == classes("rmsnorm_fwd", seen)
         assert classes("rope_fwd", derived) == classes("rope_fwd", seen) and len(classes("rope_fwd", seen)) == 2

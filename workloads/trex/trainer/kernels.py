@@ -1,5 +1,5 @@
 """Tuned kernels inside training: a KernelTuneJob's registry replaces the trainer's RMSNorm, clamped SwiGLU,
-half-split RoPE and router top-k.
+half-split RoPE, router top-k and grouped expert GEMM.
 
 ``trainer.kernels.registry`` (the operator mounts a KernelTuneJob's registry and sets TREX_KERNELS_FILE when a
 TrainJob names it in ``kernelsFrom``) lists tuned configurations per kernel, shape class (each dim rounded up
@@ -13,8 +13,9 @@ no accepted kernel runs the eager code.
 
 Covered: RMSNorm and clamped SwiGLU forward and backward, half-split RoPE (``rope_interleave: false``; its
 backward is the inverse rotation), router top-k (learned, not group-limited, renormalised gates; the weights'
-gradient by formula). DeepSeek's interleaved RoPE, the fused cross-entropy and grouped GEMM stay eager. On CPU
-every kernel runs on one thread (``training_params``).
+gradient by formula), the fp32 grouped expert GEMM (dx by the same kernel, dw per expert). DeepSeek's
+interleaved RoPE and the fused cross-entropy stay eager. On CPU every kernel runs on one thread
+(``training_params``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 BACKEND_FOR_DEVICE = {"cpu": "cpu-c", "cuda": "cuda-triton", "npu": "npu-ascendc"}
 OPS: dict[str, tuple[str, ...]] = {"rmsnorm": ("rmsnorm_fwd", "rmsnorm_bwd"),
                                    "swiglu": ("swiglu_clamp_fwd", "swiglu_clamp_bwd"),
-                                   "rope": ("rope_fwd", "rope_inv"), "router": ("router_topk",)}
+                                   "rope": ("rope_fwd", "rope_inv"), "router": ("router_topk",),
+                                   "grouped_gemm": ("grouped_gemm",)}
 """Dispatch name in layers.TUNED -> the kernels it runs (forward, then the one its backward runs)."""
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -283,6 +285,39 @@ def _router_backward(ctx: Any, _didx: torch.Tensor | None, dw: torch.Tensor) -> 
 router_topk.register_autograd(_router_backward, setup_context=_router_setup)
 
 
+@torch.library.custom_op("trex::grouped_gemm", mutates_args=())
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows offsets[e]..offsets[e+1] of x [tokens, hidden] times w[e] ([experts, hidden, out], fp32)."""
+    t = {"x": x, "w": w, "offsets": offsets}
+    dims = {"tokens": x.shape[0], "experts": w.shape[0], "hidden": w.shape[1], "out": w.shape[2]}
+    out = _launch("grouped_gemm", t, {}, dims)
+    if out is None:
+        return SUITE["grouped_gemm"].eager(t, dims, {})["y"].contiguous()
+    return out["y"]
+
+
+@grouped_gemm.register_fake
+def _grouped_gemm_fake(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[2]))
+
+
+def _grouped_gemm_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _grouped_gemm_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """dx = the grouped GEMM of dy with each w[e] transposed (the same kernel); dw[e] = x_e^T dy_e."""
+    x, w, offsets = ctx.saved_tensors
+    dy = dy.contiguous()
+    dx = grouped_gemm(dy, w.transpose(1, 2).contiguous(), offsets)
+    off = offsets.tolist()
+    dw = torch.stack([x[off[e]:off[e + 1]].t() @ dy[off[e]:off[e + 1]] for e in range(w.shape[0])])
+    return dx, dw, None
+
+
+grouped_gemm.register_autograd(_grouped_gemm_backward, setup_context=_grouped_gemm_setup)
+
+
 # ---- dispatch (layers.TUNED) --------------------------------------------------------------------------------------
 
 
@@ -345,8 +380,22 @@ def tuned_router(logits: torch.Tensor, bias: torch.Tensor, k: int,
     return w, idx
 
 
+def tuned_grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor | None:
+    """x_e @ w[e].T stacked (rows of x sorted by expert, counts[e] for expert e; w [E, out, in]) through the tuned
+    grouped GEMM, or None when there is none for this call."""
+    if x.dim() != 2 or w.dim() != 3 or not _plain(x, w) or x.dtype != torch.float32 or x.shape[1] != w.shape[2]:
+        return None
+    dims = {"tokens": x.shape[0], "experts": w.shape[0], "hidden": w.shape[2], "out": w.shape[1]}
+    if ("grouped_gemm", "fp32", shape_bucket(dims)) not in STATE.compiled:
+        return None
+    offsets = torch.zeros(w.shape[0] + 1, dtype=torch.int64, device=x.device)
+    offsets[1:] = counts.cumsum(0)
+    y: torch.Tensor = grouped_gemm(x.contiguous(), w.transpose(1, 2).contiguous(), offsets)
+    return y
+
+
 DISPATCH: dict[str, Callable[..., Any]] = {"rmsnorm": tuned_rmsnorm, "swiglu": tuned_swiglu, "rope": tuned_rope,
-                                           "router": tuned_router}
+                                           "router": tuned_router, "grouped_gemm": tuned_grouped_linear}
 
 
 # ---- the run's shapes and loading ---------------------------------------------------------------------------------
@@ -367,7 +416,8 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
     """(kernel, dims) of every dispatched call a run of this model shape makes: RMSNorm rows are the tokens of a
     micro-batch (V4's compressed entries: micro-batch x windows), SwiGLU rows the tokens (routed experts: tokens x
     experts per token, plus the CPU group padding), half-split RoPE the query and key heads, router top-k the
-    tokens. These are the shapes a KernelTuneJob should tune for this TrainJob."""
+    tokens, the grouped expert GEMMs the routed rows. These are the shapes a KernelTuneJob should tune for this
+    TrainJob."""
     from trex.trainer.mfu import layer_kinds
     from trex.trainer.model.moe import CPU_GROUP_ROWS
 
@@ -407,6 +457,8 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
             routed = tokens * k
             top = routed + (n_exp * (CPU_GROUP_ROWS - 1) if device == "cpu" else 0)
             act += [(r, moe) for r in _pow2_classes(routed, top)]  # every class the padded routed rows can fall in
+            for d_in, d_out in ((hidden, moe), (moe, hidden)):  # gate/up and down (and each other's dx): fp32 only
+                add("grouped_gemm", tokens=routed, experts=n_exp, hidden=d_in, out=d_out)
         for rows, cols in act:
             for kern in OPS["swiglu"]:
                 add(kern, rows=rows, cols=cols)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 TUNED: dict[str, Callable[..., torch.Tensor | None]] = {}
-"""Tuned replacements ("rmsnorm", "swiglu", "rope", "router") installed by trex.trainer.kernels from
+"""Tuned replacements ("rmsnorm", "swiglu", "rope", "router", "grouped_gemm") installed by trex.trainer.kernels from
 trainer.kernels.registry; each returns None when it has no kernel for the call's device, dtype and shape class,
 and the eager code runs ("router" returns the pair (weights, indices))."""
 
