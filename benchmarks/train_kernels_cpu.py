@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{peak / 1e12:.3f} TFLOP/s at {fpt / 1e6:.2f} MFLOP/token")
     for n, (tps, mfu) in med.items():
         print(f"  {n:6s} {tps:10.1f} tokens/s  MFU {100 * mfu:.3f} %")
-    print(f"tuned / eager tokens/s: {med['tuned'][0] / med['eager'][0]:.3f}x (goal >= 1.15x)")
+    from trex.kernels.profile import summarize
+
+    paired = summarize([1 / t for t, _ in rows["tuned"]], [1 / t for t, _ in rows["eager"]])  # s/token, paired steps
+    print(f"tuned / eager tokens/s: {med['tuned'][0] / med['eager'][0]:.3f}x (goal >= 1.15x); per interleaved pair "
+          f"{paired.gain:.3f}x, 95% CI [{paired.ci_low:.3f}, {paired.ci_high:.3f}]")
     print(f"active kernels: {', '.join(state.active) or 'none'}; refused: {state.refused or 'none'}")
     print(f"tuned launches: {dict(state.calls)}")
     if rhos:
