@@ -1,7 +1,7 @@
 """The small-cpu trainer step with the tuned cpu-c kernels against without, same process, interleaved.
 
-1. Tune the kernels the trainer dispatches (RMSNorm and clamped SwiGLU, forward and backward) on exactly the
-   shape classes this run calls (``trex.trainer.kernels.trainer_kernel_shapes``), with `trex kernels tune`.
+1. Tune the kernels the trainer dispatches (RMSNorm, clamped SwiGLU, router top-k, grouped GEMM; half-split
+   RoPE where the model uses it) on exactly the shape classes this run calls (``trex.trainer.kernels.trainer_kernel_shapes``), with `trex kernels tune`.
 2. Build two trainers from the same config and seed, one with ``kernels.registry`` set to that registry, and
    alternate their optimizer steps (ABBA), switching the process's kernel dispatch before each.
 3. Print per-arm median tokens/s and MFU (same FLOPs-per-token convention and measured peak for both), their
@@ -116,20 +116,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def per_op(trainer: Any, state: Any, step_s: float, samples: int) -> None:
-    """Forward + backward of every dispatch call one tuned step makes, eager against tuned, and the step ratio
-    the savings bound."""
+    """Forward + backward of every dispatch call one tuned step makes (its recorded arguments, replayed through the
+    model's own entry point with and without layers.TUNED), eager against tuned, and the step ratio the savings
+    bound. Router calls are counted, not timed (their entry point is the whole gate)."""
     from collections import Counter
 
     import torch
     from trex.kernels.profile import interleaved
     from trex.trainer import kernels as tk
-    from trex.trainer.model import layers
+    from trex.trainer.model import layers, moe
 
-    calls: Counter[tuple[str, tuple[int, ...], float]] = Counter()
+    def norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        mod = layers.RMSNorm(x.shape[-1], eps=eps)
+        mod.weight = torch.nn.Parameter(w.detach().clone())
+        out: torch.Tensor = mod(x)
+        return out
+    entry: dict[str, Any] = {"rmsnorm": norm, "swiglu": layers.swiglu, "grouped_gemm": moe.grouped_linear,
+                             "rope": lambda x, c, s: layers.apply_rope(x, c, s, interleave=False)}
+    calls: Counter[tuple[str, str]] = Counter()
+    args: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+    def copy(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        c = a.detach().clone()
+        return c.requires_grad_() if a.requires_grad and c.is_floating_point() else c
 
     def recording(name: str) -> Any:
         def f(*a: Any) -> Any:
-            calls[(name, tuple(a[0].shape), float(a[2]))] += 1
+            key = (name, " ".join("x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else str(t) for t in a))
+            calls[key] += 1
+            args.setdefault(key, tuple(copy(t) for t in a))
             return tk.DISPATCH[name](*a)
         return f
     tk.STATE = state
@@ -137,28 +154,25 @@ def per_op(trainer: Any, state: Any, step_s: float, samples: int) -> None:
     layers.TUNED.update({n: recording(n) for n in tk.DISPATCH})
     trainer.train_step()
 
-    def arm(tuned: bool, fwd: Any, dy: torch.Tensor) -> Any:
+    def arm(tuned: bool, name: str, a: tuple[Any, ...], dy: torch.Tensor) -> Any:
         def run() -> None:
             layers.TUNED.clear()
             if tuned:
                 layers.TUNED.update(tk.DISPATCH)
-            fwd().backward(dy)
+            entry[name](*a).backward(dy)
         return run
     saved = 0.0
     print("per op (forward + backward, one call; interleaved paired medians):")
-    for (name, shape, scalar), n in sorted(calls.items()):
-        g = torch.Generator().manual_seed(0)
-        dy = torch.randn(shape, generator=g)
-        if name == "rmsnorm":
-            norm = layers.RMSNorm(shape[-1], eps=scalar)
-            x = torch.randn(shape, generator=g).requires_grad_()
-            fwd = lambda norm=norm, x=x: norm(x)  # noqa: E731
-        else:
-            gate, up = (torch.randn(shape, generator=g).requires_grad_() for _ in range(2))
-            fwd = lambda gate=gate, up=up, lim=scalar: layers.swiglu(gate, up, lim)  # noqa: E731
-        t = interleaved(arm(True, fwd, dy), arm(False, fwd, dy), samples=samples)
+    for key, n in sorted(calls.items()):
+        name = key[0]
+        if name not in entry:
+            print(f"  {name:12s} {key[1]:28s} {n:3d}/step  (counted only)")
+            continue
+        a = args[key]
+        dy = torch.randn(entry[name](*a).shape, generator=torch.Generator().manual_seed(0))
+        t = interleaved(arm(True, name, a, dy), arm(False, name, a, dy), samples=samples)
         saved += n * (t.median_base - t.median_cand)
-        print(f"  {name:8s} {'x'.join(map(str, shape)):12s} {n:3d}/step  eager {1e6 * t.median_base:9.1f} us  "
+        print(f"  {name:12s} {key[1]:28s} {n:3d}/step  eager {1e6 * t.median_base:9.1f} us  "
               f"tuned {1e6 * t.median_cand:9.1f} us  gain {t.gain:.2f} (95% CI [{t.ci_low:.2f}, {t.ci_high:.2f}])")
     layers.TUNED.clear()
     print(f"covered ops: {1e3 * saved:.1f} ms saved per step of {step_s:.3f} s (eager median) -> these kernels bound "
