@@ -33,7 +33,7 @@ import torch
 
 from trex.kernels.backends.base import Backend, Compiled
 from trex.kernels.suite import SUITE
-from trex.kernels.suite.base import shape_bucket, shape_key
+from trex.kernels.suite.base import shape_bucket, shape_key, torch_dtype
 from trex.trainer.model import layers
 
 if TYPE_CHECKING:
@@ -103,8 +103,6 @@ def _launch(kernel: str, inputs: dict[str, torch.Tensor], scalars: Mapping[str, 
     if comp is None:
         return None
     spec = comp.spec
-    from trex.kernels.suite.base import torch_dtype
-
     outs = {b.name: torch.empty(b.shape(shape), dtype=torch_dtype(b.role, dtype or "fp32"), device=first.device)
             for b in spec.outputs}
     comp.bind({k: v.contiguous() for k, v in inputs.items()}, outs, shape)()
