@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from trex.kernels.backends.base import DeviceFacts
 from trex.kernels.profile import accept, bootstrap_ci, ceiling_violation, interleaved, summarize
 from trex.kernels.suite import SUITE
@@ -17,10 +18,34 @@ def test_same_kernel_against_itself_is_not_a_speedup(cpu_backend) -> None:  # ty
     outs = alloc_outputs(spec, shape, "fp32")
     a = comp.bind(t, outs, shape)
     b = comp.bind(t, outs, shape)
-    timing = interleaved(a, b, samples=30, max_samples=120)
-    ok, why = accept(timing)
-    assert not ok, why
-    assert len(timing.cand) >= 30 and len(timing.base) >= 30
+    # a fresh measurement confirms a claimed gain before the test fails: host load can still fake one (at
+    # the 5 % the CI allows, times the sequential extension's looks), a bias in the profiler fakes it twice
+    whys = []
+    for seed in (0, 1):
+        timing = interleaved(a, b, samples=30, max_samples=120, seed=seed)
+        assert len(timing.cand) >= 30 and len(timing.cand) == len(timing.base)
+        ok, why = accept(timing)
+        if not ok:
+            return
+        whys.append(why)
+    raise AssertionError(f"a kernel timed against itself was accepted twice: {whys}")
+
+
+def test_load_shared_by_both_sides_of_a_pair_cancels() -> None:
+    """Host load that slows both sides of a pair (3x, on 19 of 40 pairs) is no gain even where a burst that
+    begins between the two sides of 2 pairs moves the baseline's median to the slow mode (ratio of medians
+    3x); a real 1.25x under the same load is found."""
+    from statistics import median
+
+    load = [3.0 if (i * 7) % 40 < 19 else 1.0 for i in range(40)]
+    base = [3.0 if i in (3, 4) else x for i, x in enumerate(load)]  # pairs 3, 4: fast cand, slow base
+    assert median(base) / median(load) == 3.0
+    t = summarize(load, base)
+    assert t.gain == 1.0 and not accept(t)[0]
+    t = summarize([x / 1.25 for x in load], base)
+    assert abs(t.gain - 1.25) < 1e-12 and accept(t)[0]
+    with pytest.raises(ValueError, match="paired"):
+        summarize(load, base[:-1])
 
 
 def test_bootstrap_ci_matches_known_ratio() -> None:

@@ -26,9 +26,9 @@ STEPS = 20
 def _cfg(tmp: Path, registry: Path | None, dense: bool = False) -> TrainerConfig:
     """The tiny preset; ``dense`` makes every layer a dense SwiGLU MLP (no top-k routing, whose near ties would
     turn 1e-7 differences into different expert choices and make the 20-step comparison chaotic)."""
-    model: dict[str, Any] = {"preset": "tiny"}
+    model: dict[str, Any] = {"preset": "tiny", "overrides": {"ropeInterleave": False}}  # half-split RoPE: dispatched
     if dense:
-        model["overrides"] = {"nDenseLayers": 2, "mtpDepth": 0}
+        model["overrides"] |= {"nDenseLayers": 2, "mtpDepth": 0}
     data: dict[str, Any] = {
         "model": model, "maxSteps": STEPS,
         "data": {"seqLen": 32, "microBatchSize": 2, "globalBatchSize": 2},
@@ -57,11 +57,15 @@ def backend(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monkey
     return CpuCBackend(cache_dir=cache)
 
 
-def _registry(tmp: Path, cfg: TrainerConfig, be: CpuCBackend) -> Path:
-    """A registry holding a (non-default: vectorised, chunked) configuration for every shape the run uses."""
+def _registry(tmp: Path, cfg: TrainerConfig, be: CpuCBackend, only: str | tuple[str, ...] = "",
+              threads: int = 1) -> Path:
+    """A registry holding a (non-default: vectorised, chunked) configuration for every shape the run uses (or
+    only for kernel names starting with ``only``)."""
     r = reg.empty("cpu-c", "cpu:test")
     for kernel, dims in _shapes(cfg):
-        params = {**be.default_params(SUITE[kernel], dims), "THREADS": 1, "VEC": 16, "UNROLL": 1}
+        if not kernel.startswith(only):
+            continue
+        params = {**be.default_params(SUITE[kernel], dims), "THREADS": threads, "VEC": 16, "UNROLL": 1}
         reg.put(r, kernel, dims, "fp32", {"params": params, "source_hash": "", "median_s": 1e-4})
     path = tmp / "registry.json"
     reg.save(r, path)
@@ -81,10 +85,10 @@ def test_tuned_kernels_are_used_and_training_matches_eager(tmp_path: Path, backe
     losses, tr = _train(cfg, tmp_path / "tuned")
     try:
         assert not tr.kernels.refused, tr.kernels.refused
-        assert {k.split("/")[0] for k in tr.kernels.active} == {"rmsnorm_fwd", "rmsnorm_bwd", "swiglu_clamp_fwd",
-                                                                "swiglu_clamp_bwd"}
+        kernels = ("rmsnorm_fwd", "rmsnorm_bwd", "swiglu_clamp_fwd", "swiglu_clamp_bwd", "rope_fwd", "rope_inv")
+        assert {k.split("/")[0] for k in tr.kernels.active} == set(kernels)
         calls = tr.kernels.calls
-        assert all(calls[k] >= STEPS for k in ("rmsnorm_fwd", "rmsnorm_bwd", "swiglu_clamp_fwd", "swiglu_clamp_bwd")), calls
+        assert all(calls[k] >= STEPS for k in kernels), calls
         # the kernels' declared fp32 tolerance is 1e-4 relative per op: step 1 (one forward) agrees to it, and so
         # do the 20 steps' losses at these LRs (measured: at most 3e-5). Weights are not compared: Muon
         # orthogonalises each update, which turns 1e-7 gradient differences in near-null directions into
@@ -99,15 +103,108 @@ def test_tuned_kernels_are_used_and_training_matches_eager(tmp_path: Path, backe
     assert not layers.TUNED
 
 
-class _Wrong:
-    """A backend whose rmsnorm_fwd scales its output by 1.01 (a plausible, subtly wrong kernel)."""
+def test_moe_kernels_are_used_and_training_matches_eager(tmp_path: Path, backend: CpuCBackend) -> None:
+    """Top-k routing through the tuned router_topk (its weights' gradient through the custom op's formula) and
+    the routed experts' GEMMs through the tuned grouped GEMM (forward and dx; dw per expert)."""
+    base_cfg = _cfg(tmp_path / "eager", None)
+    eager_losses, _ = _train(base_cfg, tmp_path / "eager")
+    cfg = _cfg(tmp_path / "tuned", _registry(tmp_path, base_cfg, backend, only=("router", "grouped")))
+    losses, tr = _train(cfg, tmp_path / "tuned")
+    try:
+        assert {k.split("/")[0] for k in tr.kernels.active} == {"router_topk", "grouped_gemm"}
+        assert not tr.kernels.refused
+        assert tr.kernels.calls["router_topk"] >= 2 * STEPS  # one MoE layer and the MTP block's
+        assert tr.kernels.calls["grouped_gemm"] >= 2 * 6 * STEPS  # 3 GEMMs each: forward and dx
+        assert losses == pytest.approx(eager_losses, rel=1e-4)
+        assert losses != eager_losses
+    finally:
+        tk.install(None, {}, 1, [1], "cpu", lambda _m: None)
 
-    def __init__(self, inner: CpuCBackend) -> None:
-        self.inner = inner
+
+def test_rope_and_router_gradients_equal_eager_autograd(tmp_path: Path, backend: CpuCBackend) -> None:
+    """The custom ops' autograd formulas (RoPE's backward through rope_inv, the router weights' through the
+    renormalisation, the grouped GEMM's) against torch autograd of the eager model code."""
+    from trex.trainer.model.layers import apply_rope, rope_cos_sin
+    from trex.trainer.model.moe import grouped_linear, router_scores
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 32, 4, 8, generator=g)  # the tiny preset's query rope part: heads 4, rope dim 8
+    cos, sin = rope_cos_sin(torch.arange(32).expand(2, 32), 8, 10000.0)
+    dy = torch.randn(x.shape, generator=g)
+    logits, bias = torch.randn(64, 8, generator=g) * 2, torch.randn(8, generator=g) * 0.1
+    dw = torch.randn(64, 2, generator=g)
+
+    def rope_grads(f: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        xx = x.clone().requires_grad_()
+        y = f(xx)
+        y.backward(dy)
+        return y.detach(), xx.grad
+
+    def router_grads(f: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        lt = logits.clone().requires_grad_()
+        w, idx = f(lt)
+        (w * dw).sum().backward()
+        return idx, lt.grad
+
+    def eager_router(scoring: str) -> Any:
+        def f(lt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            s = router_scores(lt, scoring)
+            idx = torch.topk(s.detach() + bias, 2, dim=-1).indices
+            w = s.gather(1, idx)
+            return w / w.sum(-1, keepdim=True), idx
+        return f
+    xs, counts = torch.randn(128, 64, generator=g), torch.tensor([18, 0, 40, 6, 14, 22, 12, 16])  # an idle expert
+    w_up, dys = torch.randn(8, 32, 64, generator=g) / 8, torch.randn(128, 32, generator=g)
+
+    def gemm_grads(f: Any) -> tuple[torch.Tensor, ...]:
+        xx, ww = xs.clone().requires_grad_(), w_up.clone().requires_grad_()
+        y = f(xx, ww)
+        y.backward(dys)
+        return y.detach(), xx.grad, ww.grad
+    ref_gemm = gemm_grads(lambda xx, ww: grouped_linear(xx, ww, counts))
+    ref_rope = rope_grads(lambda xx: apply_rope(xx, cos, sin, interleave=False))
+    ref_router = {sc: router_grads(eager_router(sc)) for sc in tk.SCORE_CODES}
+    cfg = _cfg(tmp_path, _registry(tmp_path, _cfg(tmp_path, None), backend))
+    tk.install_for(cfg, "cpu", lambda _m: None)
+    try:
+        torch.testing.assert_close(rope_grads(lambda xx: apply_rope(xx, cos, sin, interleave=False)), ref_rope,
+                                   rtol=1e-5, atol=1e-6)
+        tuned = router_grads(lambda lt: tk.tuned_router(lt, bias, 2, "sigmoid"))  # the preset's router: tuned
+        # sqrt-softplus has no registry entry: the op computes eagerly, its autograd formula is still the one tested
+        other = router_grads(lambda lt: tk.router_topk(lt, bias, 2, tk.SCORE_CODES["sqrt-softplus"])[::-1])
+        for got, (idx, grad) in ((tuned, ref_router["sigmoid"]), (other, ref_router["sqrt-softplus"])):
+            assert torch.equal(got[0], idx)
+            torch.testing.assert_close(got[1], grad, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(gemm_grads(lambda xx, ww: grouped_linear(xx, ww, counts)), ref_gemm,
+                                   rtol=1e-4, atol=1e-5)
+        assert tk.STATE.calls["rope_fwd"] == 1 and tk.STATE.calls["rope_inv"] == 1 and tk.STATE.calls["router_topk"] == 1
+        assert tk.STATE.calls["grouped_gemm"] == 2  # forward and dx
+    finally:
+        tk.install(None, {}, 1, [1], "cpu", lambda _m: None)
+
+
+def test_cpu_kernels_run_one_thread_inside_training(tmp_path: Path, backend: CpuCBackend) -> None:
+    """A registry tuned at 2 threads is compiled at 1 (no parallel region beside torch's intra-op pool)."""
+    assert tk.training_params({"THREADS": 2, "VEC": 16}, "cpu") == {"THREADS": 1, "VEC": 16}
+    assert tk.training_params({"THREADS": 2, "VEC": 16}, "cuda") == {"THREADS": 2, "VEC": 16}
+    cfg = _cfg(tmp_path, _registry(tmp_path, _cfg(tmp_path, None), backend, threads=2))
+    state = tk.install_for(cfg, "cpu", lambda _m: None)
+    try:
+        assert state.compiled and not state.refused
+        assert {c.params["THREADS"] for c in state.compiled.values()} == {1}
+    finally:
+        tk.install(None, {}, 1, [1], "cpu", lambda _m: None)
+
+
+class _Wrong:
+    """A backend whose ``kernel`` scales its output ``out`` by 1.01 (a plausible, subtly wrong kernel)."""
+
+    def __init__(self, inner: CpuCBackend, kernel: str, out: str) -> None:
+        self.inner, self.kernel, self.out = inner, kernel, out
 
     def compile(self, spec: Any, params: Mapping[str, int], dtype: str) -> Any:
         comp = self.inner.compile(spec, params, dtype)
-        if spec.name != "rmsnorm_fwd":
+        if spec.name != self.kernel:
             return comp
         bad = copy.copy(comp)
 
@@ -116,23 +213,27 @@ class _Wrong:
 
             def launch() -> None:
                 run()
-                outputs["y"].mul_(1.01)
+                outputs[self.out].mul_(1.01)
             return launch
         bad.bind = bind  # type: ignore[method-assign]
         return bad
 
 
-def test_wrong_kernel_is_refused_at_load(tmp_path: Path, backend: CpuCBackend) -> None:
+@pytest.mark.parametrize(("kernel", "out", "other"), [("rmsnorm_fwd", "y", "rmsnorm_bwd"), ("rope_fwd", "y", "rope_inv"),
+                                                    ("router_topk", "weights", "rmsnorm_fwd"),
+                                                    ("grouped_gemm", "y", "router_topk")])
+def test_wrong_kernel_is_refused_at_load(tmp_path: Path, backend: CpuCBackend, kernel: str, out: str,
+                                         other: str) -> None:
     cfg = _cfg(tmp_path, _registry(tmp_path, _cfg(tmp_path, None), backend))
     logs: list[str] = []
     state = tk.install(cfg.kernels.registry, resolved_model_values(cfg.model), cfg.data.micro_batch_size,
-                       [cfg.data.seq_len], "cpu", logs.append, backend=_Wrong(backend))  # type: ignore[arg-type]
+                       [cfg.data.seq_len], "cpu", logs.append, backend=_Wrong(backend, kernel, out))  # type: ignore[arg-type]
     try:
-        refused = [k for k in state.refused if k.startswith("rmsnorm_fwd/")]
+        refused = [k for k in state.refused if k.startswith(f"{kernel}/")]
         assert refused and all("disagrees with eager" in state.refused[k] for k in refused)
-        assert not any(k.startswith("rmsnorm_fwd/") for k in state.active)
-        assert any(k.startswith("rmsnorm_bwd/") for k in state.active)  # the others still load
-        assert any(line.startswith("kernels: refused rmsnorm_fwd/fp32/") for line in logs)
+        assert not any(k.startswith(f"{kernel}/") for k in state.active)
+        assert any(k.startswith(f"{other}/") for k in state.active)  # the others still load
+        assert any(line.startswith(f"kernels: refused {kernel}/fp32/") for line in logs)
         assert state.summary()["refused"] == state.refused
         from trex.telemetry.exporter import Exporter
 
@@ -152,26 +253,55 @@ def test_other_backends_registry_leaves_ops_eager(tmp_path: Path) -> None:
     assert not state.active and "registry" in state.refused and not layers.TUNED and logs
 
 
-def test_registry_shape_classes_match_the_trainers_real_calls(tmp_path: Path) -> None:
-    """Record every RMSNorm/SwiGLU call of real steps (forward and backward) and compare their shape classes
-    with the ones trainer_kernel_shapes derives (what a KernelTuneJob tunes for this run)."""
+@pytest.mark.parametrize("attention", ["mla", "csa"])
+def test_registry_shape_classes_match_the_trainers_real_calls(tmp_path: Path, attention: str) -> None:
+    """Record every dispatched call of real steps (forward and backward) and compare their shape classes with the
+    ones trainer_kernel_shapes derives (what a KernelTuneJob tunes for this run); csa adds V4's extra norms
+    (q_a_norm, kv_norm, the compressed entries' norms) and keeps its interleaved RoPE eager."""
     from trex.kernels.suite.base import shape_bucket
 
     cfg = _cfg(tmp_path, None)
+    if attention == "csa":
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"overrides": cfg.model.overrides.model_copy(
+            update={"attention": "csa", "q_lora_rank": 32, "v_head_dim": 24, "layer_types": ["csa", "hca"],
+                    "rope_interleave": None})})})
     seen: set[tuple[str, str]] = set()
 
-    def rec(kernel: str) -> Any:
+    def rows_cols(kernel: str) -> Any:
         def f(x: torch.Tensor, *_: Any) -> None:
             seen.add((kernel, shape_bucket({"rows": x.numel() // x.shape[-1], "cols": x.shape[-1]})))
         return f
+
+    def rope(x: torch.Tensor, *_: Any) -> None:
+        heads = x.shape[2] if x.dim() == 4 else 1
+        seen.add(("rope_fwd", shape_bucket({"tokens": x.shape[0] * x.shape[1], "heads": heads, "dim": x.shape[-1]})))
+
+    def router(logits: torch.Tensor, _bias: torch.Tensor, k: int, scoring: str) -> None:
+        dims = {"tokens": logits.shape[0], "experts": logits.shape[1], "k": k, "score": tk.SCORE_CODES[scoring]}
+        seen.add(("router_topk", shape_bucket(dims)))
+    def gemm(x: torch.Tensor, w: torch.Tensor, _counts: torch.Tensor) -> None:
+        dims = {"tokens": x.shape[0], "experts": w.shape[0], "hidden": w.shape[2], "out": w.shape[1]}
+        seen.add(("grouped_gemm", shape_bucket(dims)))
     tr = Trainer(cfg, tmp_path, measure_peak=False, log=lambda _m: None)
-    layers.TUNED.update({"rmsnorm": rec("rmsnorm_fwd"), "swiglu": rec("swiglu_clamp_fwd")})
+    layers.TUNED.update({"rmsnorm": rows_cols("rmsnorm_fwd"), "swiglu": rows_cols("swiglu_clamp_fwd"), "rope": rope,
+                         "router": router, "grouped_gemm": gemm})
     try:
         tr.run(3)
     finally:
         layers.TUNED.clear()
     derived = {(k, shape_bucket(d)) for k, d in _shapes(cfg)}
     assert seen and seen <= derived, seen - derived
-    assert {(k, b) for k, b in derived if k.endswith("_fwd")} <= seen | {
-        (k, b) for k, b in derived if k == "swiglu_clamp_fwd"}  # routed-row classes depend on the routing
-    assert {b for k, b in derived if k == "rmsnorm_fwd"} == {b for k, b in seen if k == "rmsnorm_fwd"}
+    def classes(kernel: str, among: set[tuple[str, str]]) -> set[str]:
+        return {b for k, b in among if k == kernel}
+    assert classes("router_topk", derived) == classes("router_topk", seen)
+    assert classes("grouped_gemm", derived) == classes("grouped_gemm", seen) and len(classes("grouped_gemm", seen)) == 2
+    assert {k for k, _ in seen} == {"rmsnorm_fwd", "swiglu_clamp_fwd", "router_topk", "grouped_gemm"} | (
+        {"rope_fwd"} if attention == "mla" else set())
+    if attention == "mla":
+        assert classes("rmsnorm_fwd", derived) == classes("rmsnorm_fwd", seen)
+        assert classes("rope_fwd", derived) == classes("rope_fwd", seen) and len(classes("rope_fwd", seen)) == 2
+    else:  # q_a_norm (q_lora_rank 32) and kv_norm (head dim 24) on the tokens; compressed entries on fewer rows
+        tokens = cfg.data.micro_batch_size * cfg.data.seq_len
+        assert {shape_bucket({"rows": tokens, "cols": c}) for c in (32, 24)} <= classes("rmsnorm_fwd", seen)
+        assert any(int(b.split("rows")[1]) < tokens for b in classes("rmsnorm_fwd", seen))
+        assert not classes("rope_fwd", seen | derived)  # V4's interleaved RoPE stays eager

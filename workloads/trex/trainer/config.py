@@ -574,7 +574,8 @@ class TrainerConfig(TrexModel):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     """Logging and metrics."""
     kernels: KernelsConfig = Field(default_factory=KernelsConfig)
-    """Tuned kernels replacing RMSNorm and clamped SwiGLU where the registry has them."""
+    """Tuned kernels replacing RMSNorm, clamped SwiGLU, half-split RoPE, router top-k and the grouped expert GEMM
+    where the registry has them."""
     max_steps: int = Field(default=100, gt=0, le=100_000_000)
     """Optimizer steps to run."""
     seed: int = Field(default=0, ge=0)

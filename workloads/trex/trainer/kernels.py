@@ -1,4 +1,5 @@
-"""Tuned kernels inside training: a KernelTuneJob's registry replaces the trainer's RMSNorm and clamped SwiGLU.
+"""Tuned kernels inside training: a KernelTuneJob's registry replaces the trainer's RMSNorm, clamped SwiGLU,
+half-split RoPE, router top-k and grouped expert GEMM.
 
 ``trainer.kernels.registry`` (the operator mounts a KernelTuneJob's registry and sets TREX_KERNELS_FILE when a
 TrainJob names it in ``kernelsFrom``) lists tuned configurations per kernel, shape class (each dim rounded up
@@ -10,8 +11,11 @@ autograd formulas and fake implementations so autocast, FSDP2 and torch.compile 
 the single dispatch point ``trex.trainer.model.layers.TUNED``; a call whose device, dtype or shape class has
 no accepted kernel runs the eager code.
 
-Covered: RMSNorm forward and backward, clamped SwiGLU forward and backward. RoPE, the fused cross-entropy,
-router top-k and grouped GEMM have suite kernels but no dispatch point in the model yet.
+Covered: RMSNorm and clamped SwiGLU forward and backward, half-split RoPE (``rope_interleave: false``; its
+backward is the inverse rotation), router top-k (learned, not group-limited, renormalised gates; the weights'
+gradient by formula), the fp32 grouped expert GEMM (dx by the same kernel, dw per expert). DeepSeek's
+interleaved RoPE and the fused cross-entropy stay eager. On CPU every kernel runs on one thread
+(``training_params``).
 """
 
 from __future__ import annotations
@@ -29,16 +33,18 @@ import torch
 
 from trex.kernels.backends.base import Backend, Compiled
 from trex.kernels.suite import SUITE
-from trex.kernels.suite.base import shape_bucket
+from trex.kernels.suite.base import shape_bucket, shape_key, torch_dtype
 from trex.trainer.model import layers
 
 if TYPE_CHECKING:
     from trex.trainer.config import TrainerConfig
 
 BACKEND_FOR_DEVICE = {"cpu": "cpu-c", "cuda": "cuda-triton", "npu": "npu-ascendc"}
-OPS: dict[str, tuple[str, str]] = {"rmsnorm": ("rmsnorm_fwd", "rmsnorm_bwd"),
-                                   "swiglu": ("swiglu_clamp_fwd", "swiglu_clamp_bwd")}
-"""Dispatch name in layers.TUNED -> (forward kernel, backward kernel)."""
+OPS: dict[str, tuple[str, ...]] = {"rmsnorm": ("rmsnorm_fwd", "rmsnorm_bwd"),
+                                   "swiglu": ("swiglu_clamp_fwd", "swiglu_clamp_bwd"),
+                                   "rope": ("rope_fwd", "rope_inv"), "router": ("router_topk",),
+                                   "grouped_gemm": ("grouped_gemm",)}
+"""Dispatch name in layers.TUNED -> the kernels it runs (forward, then the one its backward runs)."""
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
@@ -86,17 +92,17 @@ STATE = KernelState()
 """The process's loaded kernels (the custom ops read it; ``install`` replaces it)."""
 
 
-def _launch(kernel: str, inputs: dict[str, torch.Tensor], scalars: Mapping[str, float]) -> dict[str, torch.Tensor] | None:
-    """Run the accepted kernel on 2-D contiguous inputs (rows x cols); None when none is accepted for them."""
+def _launch(kernel: str, inputs: dict[str, torch.Tensor], scalars: Mapping[str, float],
+            dims: Mapping[str, int] | None = None) -> dict[str, torch.Tensor] | None:
+    """Run the accepted kernel on contiguous inputs (``dims`` default: the first input's rows x cols); None when
+    none is accepted for them."""
     first = next(iter(inputs.values()))
-    rows, cols = first.shape
+    shape = {k: int(v) for k, v in dims.items()} if dims else {"rows": int(first.shape[0]), "cols": int(first.shape[1])}
     dtype = DTYPES.get(first.dtype)
-    comp = STATE.launcher(kernel, dtype, shape_bucket({"rows": rows, "cols": cols}), scalars) if dtype else None
+    comp = STATE.launcher(kernel, dtype, shape_bucket(shape), scalars) if dtype else None
     if comp is None:
         return None
-    spec, shape = comp.spec, {"rows": int(rows), "cols": int(cols)}
-    from trex.kernels.suite.base import torch_dtype
-
+    spec = comp.spec
     outs = {b.name: torch.empty(b.shape(shape), dtype=torch_dtype(b.role, dtype or "fp32"), device=first.device)
             for b in spec.outputs}
     comp.bind({k: v.contiguous() for k, v in inputs.items()}, outs, shape)()
@@ -200,6 +206,116 @@ def _swiglu_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 swiglu_fwd.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
 
 
+@torch.library.custom_op("trex::rope", mutates_args=())
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """x [tokens, heads, dim] with the pairs (x_i, x_{i + dim/2}) rotated by the angles of cos, sin [tokens, dim/2]
+    (fp32); ``inverse`` rotates by the negated angles."""
+    kernel = "rope_inv" if inverse else "rope_fwd"
+    t = {"x": x, "cos": cos, "sin": sin}
+    dims = {"tokens": x.shape[0], "heads": x.shape[1], "dim": x.shape[2]}
+    out = _launch(kernel, t, {}, dims)
+    if out is None:
+        return SUITE[kernel].eager(t, dims, {})["y"].contiguous()
+    return out["y"]
+
+
+@rope.register_fake
+def _rope_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _rope_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    _, cos, sin, inverse = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.inverse = inverse
+
+
+def _rope_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    """A rotation's gradient is the opposite rotation: rope_fwd's backward runs rope_inv and vice versa."""
+    cos, sin = ctx.saved_tensors
+    return rope(dy.contiguous(), cos, sin, not ctx.inverse), None, None, None
+
+
+rope.register_autograd(_rope_backward, setup_context=_rope_setup)
+
+SCORE_CODES = {"sigmoid": 1, "sqrt-softplus": 2}
+"""Router scoring name (model) -> the router_topk kernel's ``score`` dim."""
+
+
+@torch.library.custom_op("trex::router_topk", mutates_args=())
+def router_topk(logits: torch.Tensor, bias: torch.Tensor, k: int, score: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts of score(logits) + bias [tokens, k] (descending) and the unbiased scores there,
+    renormalised to sum to one (fp32)."""
+    t = {"logits": logits, "bias": bias}
+    dims = {"tokens": logits.shape[0], "experts": logits.shape[1], "k": k, "score": score}
+    out = _launch("router_topk", t, {}, dims)
+    if out is None:
+        out = SUITE["router_topk"].eager(t, dims, {})
+    return out["idx"].contiguous(), out["weights"].contiguous()
+
+
+@router_topk.register_fake
+def _router_topk_fake(logits: torch.Tensor, bias: torch.Tensor, k: int, score: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = logits.shape[0]
+    return logits.new_empty((n, k), dtype=torch.int64), logits.new_empty((n, k))
+
+
+def _router_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    ctx.save_for_backward(inputs[0], output[0], output[1])
+    ctx.score = inputs[3]
+
+
+def _router_backward(ctx: Any, _didx: torch.Tensor | None, dw: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    """w = s / sum(s) over the chosen experts (the selection itself has no gradient): ds = (dw - <dw, w>) / sum(s),
+    d logit = ds * score'(logit), scattered back to the chosen experts."""
+    logits, idx, w = ctx.saved_tensors
+    sel = logits.gather(1, idx)
+    if ctx.score == 1:
+        s = torch.sigmoid(sel)
+        ds_dl = s * (1 - s)
+    else:
+        s = torch.nn.functional.softplus(sel).sqrt()
+        ds_dl = torch.sigmoid(sel) / (2 * s)
+    ds = (dw - (dw * w).sum(-1, keepdim=True)) / s.sum(-1, keepdim=True)
+    return torch.zeros_like(logits).scatter(1, idx, ds * ds_dl), None, None, None
+
+
+router_topk.register_autograd(_router_backward, setup_context=_router_setup)
+
+
+@torch.library.custom_op("trex::grouped_gemm", mutates_args=())
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows offsets[e]..offsets[e+1] of x [tokens, hidden] times w[e] ([experts, hidden, out], fp32)."""
+    t = {"x": x, "w": w, "offsets": offsets}
+    dims = {"tokens": x.shape[0], "experts": w.shape[0], "hidden": w.shape[1], "out": w.shape[2]}
+    out = _launch("grouped_gemm", t, {}, dims)
+    if out is None:
+        return SUITE["grouped_gemm"].eager(t, dims, {})["y"].contiguous()
+    return out["y"]
+
+
+@grouped_gemm.register_fake
+def _grouped_gemm_fake(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[2]))
+
+
+def _grouped_gemm_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _grouped_gemm_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """dx = the grouped GEMM of dy with each w[e] transposed (the same kernel); dw[e] = x_e^T dy_e."""
+    x, w, offsets = ctx.saved_tensors
+    dy = dy.contiguous()
+    dx = grouped_gemm(dy, w.transpose(1, 2).contiguous(), offsets)
+    off = offsets.tolist()
+    dw = torch.stack([x[off[e]:off[e + 1]].t() @ dy[off[e]:off[e + 1]] for e in range(w.shape[0])])
+    return dx, dw, None
+
+
+grouped_gemm.register_autograd(_grouped_gemm_backward, setup_context=_grouped_gemm_setup)
+
+
 # ---- dispatch (layers.TUNED) --------------------------------------------------------------------------------------
 
 
@@ -232,35 +348,103 @@ def tuned_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Te
     return y.reshape(gate.shape)
 
 
-DISPATCH: dict[str, Callable[..., torch.Tensor | None]] = {"rmsnorm": tuned_rmsnorm, "swiglu": tuned_swiglu}
+def tuned_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """Half-split RoPE of x [B, T, H, D] or [B, T, D] with cos, sin [B, T, D/2] through the tuned kernel (its
+    backward through rope_inv), or None when there is none for this call."""
+    if x.dim() not in (3, 4) or not _plain(x) or cos.shape != (*x.shape[:2], x.shape[-1] // 2) or x.shape[-1] % 2:
+        return None
+    if any(type(c) is not torch.Tensor or c.dtype != torch.float32 or c.requires_grad for c in (cos, sin)):
+        return None
+    tokens, heads, dim = x.shape[0] * x.shape[1], (x.shape[2] if x.dim() == 4 else 1), x.shape[-1]
+    dims = {"tokens": tokens, "heads": heads, "dim": dim}
+    if ("rope_fwd", DTYPES[x.dtype], shape_bucket(dims)) not in STATE.compiled:
+        return None
+    y: torch.Tensor = rope(x.reshape(tokens, heads, dim).contiguous(), cos.reshape(tokens, dim // 2).contiguous(),
+                           sin.reshape(tokens, dim // 2).contiguous(), False)
+    return y.reshape(x.shape)
+
+
+def tuned_router(logits: torch.Tensor, bias: torch.Tensor, k: int,
+                 scoring: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(renormalised weights [N, k], expert indices [N, k]) of fp32 router logits [N, E] through the tuned
+    router_topk, or None when there is none for this call."""
+    code = SCORE_CODES.get(scoring)
+    if code is None or logits.dim() != 2 or not _plain(logits, bias) or logits.dtype != torch.float32:
+        return None
+    dims = {"tokens": logits.shape[0], "experts": logits.shape[1], "k": k, "score": code}
+    if ("router_topk", "fp32", shape_bucket(dims)) not in STATE.compiled:
+        return None
+    idx, w = router_topk(logits.contiguous(), bias.detach().contiguous(), int(k), code)
+    return w, idx
+
+
+def tuned_grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor | None:
+    """x_e @ w[e].T stacked (rows of x sorted by expert, counts[e] for expert e; w [E, out, in]) through the tuned
+    grouped GEMM, or None when there is none for this call."""
+    if x.dim() != 2 or w.dim() != 3 or not _plain(x, w) or x.dtype != torch.float32 or x.shape[1] != w.shape[2]:
+        return None
+    dims = {"tokens": x.shape[0], "experts": w.shape[0], "hidden": w.shape[2], "out": w.shape[1]}
+    if ("grouped_gemm", "fp32", shape_bucket(dims)) not in STATE.compiled:
+        return None
+    offsets = torch.zeros(w.shape[0] + 1, dtype=torch.int64, device=x.device)
+    offsets[1:] = counts.cumsum(0)
+    y: torch.Tensor = grouped_gemm(x.contiguous(), w.transpose(1, 2).contiguous(), offsets)
+    return y
+
+
+DISPATCH: dict[str, Callable[..., Any]] = {"rmsnorm": tuned_rmsnorm, "swiglu": tuned_swiglu, "rope": tuned_rope,
+                                           "router": tuned_router, "grouped_gemm": tuned_grouped_linear}
 
 
 # ---- the run's shapes and loading ---------------------------------------------------------------------------------
 
 
+def _pow2_classes(lo: int, hi: int) -> list[int]:
+    """lo, then each power of two above it below hi, then hi: one row count per power-of-two shape class."""
+    out, r = [], lo
+    while True:
+        out.append(min(r, hi))
+        if r >= hi:
+            return out
+        r = 1 << r.bit_length()
+
+
 def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens: list[int],
                           device: str) -> list[tuple[str, dict[str, int]]]:
-    """(kernel, dims) of every RMSNorm and SwiGLU call a run of this model shape makes: rows are the tokens of a
-    micro-batch (routed experts: tokens x experts per token, plus the CPU group padding), cols the normalised
-    or activated width. These are the shapes a KernelTuneJob should tune for this TrainJob."""
+    """(kernel, dims) of every dispatched call a run of this model shape makes: RMSNorm rows are the tokens of a
+    micro-batch (V4's compressed entries: micro-batch x windows), SwiGLU rows the tokens (routed experts: tokens x
+    experts per token, plus the CPU group padding), half-split RoPE the query and key heads, router top-k the
+    tokens, the grouped expert GEMMs the routed rows. These are the shapes a KernelTuneJob should tune for this
+    TrainJob."""
+    from trex.trainer.mfu import layer_kinds
     from trex.trainer.model.moe import CPU_GROUP_ROWS
 
     hidden = int(values["hidden_size"])
+    kinds = set(layer_kinds(values))
     norm_cols = {hidden}
     if values.get("attention") == "mla":
         norm_cols |= {int(values["kv_lora_rank"])} | ({int(values["q_lora_rank"])} if values.get("q_lora_rank") else set())
+    head_dim = int(values["qk_nope_head_dim"]) + int(values["qk_rope_head_dim"])
+    if kinds & {"sliding", "csa", "hca"}:  # V4 attention: q_a_norm and the shared key/value head's kv_norm
+        norm_cols |= {int(values["q_lora_rank"]), head_dim}
     n_exp, k = int(values["n_routed_experts"]), int(values["experts_per_token"])
-    moe_layers = int(values["num_layers"]) > int(values["n_dense_layers"]) or int(values.get("mtp_depth", 0)) > 0
+    n_moe = int(values["num_layers"]) - int(values["n_dense_layers"]) + int(values.get("mtp_depth", 0))
+    moe_layers = n_moe > 0
     out: dict[tuple[str, str], tuple[str, dict[str, int]]] = {}
 
-    def add(kernel: str, rows: int, cols: int) -> None:
-        dims = {"rows": rows, "cols": cols}
+    def add(kernel: str, **dims: int) -> None:
         out[(kernel, shape_bucket(dims))] = (kernel, dims)
     for seq in sorted(set(seq_lens)):
         tokens = micro_batch * seq
-        for c in norm_cols:
+        norms = [(tokens, c) for c in norm_cols]
+        for kind, every, dims in (("csa", "csa_compress_every", (head_dim, int(values.get("csa_indexer_dim", 0)))),
+                                  ("hca", "hca_compress_every", (head_dim,))):
+            if kind in kinds:  # pooled entries: ceil(seq / every) windows per row, one more per packed document
+                lo = micro_batch * -(-seq // int(values[every]))
+                norms += [(r, c) for r in _pow2_classes(lo, tokens) for c in dims if c]
+        for rows, c in norms:
             for kern in OPS["rmsnorm"]:
-                add(kern, tokens, c)
+                add(kern, rows=rows, cols=c)
         act: list[tuple[int, int]] = []
         if int(values["n_dense_layers"]) > 0:
             act.append((tokens, int(values["intermediate_size"])))
@@ -270,15 +454,20 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
                 act.append((tokens, moe * int(values["n_shared_experts"])))
             routed = tokens * k
             top = routed + (n_exp * (CPU_GROUP_ROWS - 1) if device == "cpu" else 0)
-            r = routed
-            while True:  # every power-of-two class the padded routed row count can fall in
-                act.append((min(r, top), moe))
-                if r >= top:
-                    break
-                r = 1 << r.bit_length()
+            act += [(r, moe) for r in _pow2_classes(routed, top)]  # every class the padded routed rows can fall in
+            for d_in, d_out in ((hidden, moe), (moe, hidden)):  # gate/up and down (and each other's dx): fp32 only
+                add("grouped_gemm", tokens=routed, experts=n_exp, hidden=d_in, out=d_out)
         for rows, cols in act:
             for kern in OPS["swiglu"]:
-                add(kern, rows, cols)
+                add(kern, rows=rows, cols=cols)
+        if kinds == {"mla"} and values.get("rope_interleave") is False:  # DeepSeek's interleaved pairs stay eager
+            for heads in (int(values["num_heads"]), 1):
+                for kern in OPS["rope"]:
+                    add(kern, tokens=tokens, heads=heads, dim=int(values["qk_rope_head_dim"]))
+        routed_gates = n_moe > int(values.get("n_hash_layers", 0)) or int(values.get("mtp_depth", 0)) > 0
+        if routed_gates and int(values.get("n_groups", 1)) == 1 and values.get("norm_topk_prob") is not False \
+                and str(values.get("scoring")) in SCORE_CODES:
+            add("router_topk", tokens=tokens, experts=n_exp, k=k, score=SCORE_CODES[str(values["scoring"])])
     return sorted(out.values(), key=lambda kv: (kv[0], sorted(kv[1].items())))
 
 
@@ -304,11 +493,29 @@ def check_kernel(comp: Compiled, shape: Mapping[str, int], dtype: str, scalars: 
             outs = bound(inputs, shape)
         except Exception as e:  # a kernel that crashes is refused, not fatal
             return f"raised {type(e).__name__}: {e}"
-        eager = {k: v.double() for k, v in spec.eager(inputs, shape, spec.scalars).items()}
-        why = check_outputs(spec, dtype, inputs, outs, eager, shape)
+        if spec.compare is None:
+            ref = {k: v.double() for k, v in spec.eager(inputs, shape, spec.scalars).items()}
+        else:  # a selection (router top-k) is judged by its own rule, against the float64 form of the same op
+            ref = spec.reference({k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}, shape,
+                                 spec.scalars)
+        why = check_outputs(spec, dtype, inputs, outs, ref, shape)
         if why:
-            return f"disagrees with eager on rows={shape['rows']} cols={shape['cols']}: {why}"
+            return f"disagrees with eager on {shape_key(shape)}: {why}"
     return None
+
+
+def training_params(params: Mapping[str, int], device: str) -> dict[str, int]:
+    """The registry's tuned parameters as the trainer runs them: on CPU with one OpenMP thread.
+
+    Inside a training step each kernel is one op among torch's, called from the thread that runs them. A
+    kernel of its own THREADS > 1 opens a parallel region beside torch's intra-op ones (the same libgomp pool),
+    whose barrier waits for every member: on a busy host, a worker that was descheduled or is spinning after
+    torch's last region stalls a 20-200 us kernel for a scheduler slice. Run serially, the kernel never waits on
+    another thread; tune with ``threads: 1`` so the other parameters are chosen for that case."""
+    out = {k: int(v) for k, v in params.items()}
+    if device == "cpu" and "THREADS" in out:
+        out["THREADS"] = 1
+    return out
 
 
 def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch: int, seq_lens: list[int],
@@ -345,7 +552,7 @@ def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch:
                 continue
             key = f"{kernel}/{dtype}/{shape_bucket(dims)}"
             try:
-                comp = be.compile(spec, entry["params"], dtype)
+                comp = be.compile(spec, training_params(entry["params"], device), dtype)
                 why = check_kernel(comp, dims, dtype, mine)
             except Exception as e:  # a build failure refuses the kernel, never the run
                 why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
@@ -356,5 +563,6 @@ def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch:
             STATE.compiled[(kernel, dtype, shape_bucket(dims))] = comp
     if STATE.compiled:
         layers.TUNED.update(DISPATCH)
-        log(f"kernels: {len(STATE.compiled)} tuned kernel(s) active from {registry}: {', '.join(STATE.active)}")
+        one = " (1 thread each)" if device == "cpu" else ""
+        log(f"kernels: {len(STATE.compiled)} tuned kernel(s) active{one} from {registry}: {', '.join(STATE.active)}")
     return STATE

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 TUNED: dict[str, Callable[..., torch.Tensor | None]] = {}
-"""Tuned replacements ("rmsnorm", "swiglu") installed by trex.trainer.kernels from trainer.kernels.registry; each
-returns None when it has no kernel for the call's device, dtype and shape class, and the eager code runs."""
+"""Tuned replacements ("rmsnorm", "swiglu", "rope", "router", "grouped_gemm") installed by trex.trainer.kernels from
+trainer.kernels.registry; each returns None when it has no kernel for the call's device, dtype and shape class,
+and the eager code runs ("router" returns the pair (weights, indices))."""
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -78,6 +79,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
 
     x: [B, T, H, D] (or [B, T, D] with cos/sin broadcast); cos/sin: [B, T, D/2].
     """
+    tuned = TUNED.get("rope")
+    if tuned is not None and not interleave and (out := tuned(x, cos, sin)) is not None:
+        return out
     if x.dim() == 4:
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     xf = upcast(x)

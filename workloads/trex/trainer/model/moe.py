@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.layers import MLP, local_tensor, swiglu, upcast
+from trex.trainer.model.layers import MLP, TUNED, local_tensor, swiglu, upcast
 
 
 def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
@@ -92,7 +93,14 @@ class Gate(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, D], token_ids [N] -> (weights [N, k], indices [N, k], scores [N, E])."""
         xf = upcast(x)
-        scores = router_scores(F.linear(xf, self.weight.to(xf.dtype)), self.scoring)
+        logits = F.linear(xf, self.weight.to(xf.dtype))
+        scores = router_scores(logits, self.scoring)
+        tuned = TUNED.get("router")
+        if tuned is not None and not self.hash_routed and self.anticipatory_weight is None and self.n_groups == 1 \
+                and self.norm_topk_prob \
+                and (out := tuned(logits, self.e_score_correction_bias, self.k, self.scoring)) is not None:
+            w, indices = cast("tuple[torch.Tensor, torch.Tensor]", out)
+            return w * self.scale, indices, scores
         with torch.no_grad():
             if self.hash_routed:
                 indices = self.tid2eid[token_ids].long()
@@ -132,7 +140,10 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
 
 def grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Rows of `x` sorted by expert, `counts[e]` rows for expert e; returns x_e @ w[e].T stacked.
-    w is [E, out, in]. Uses torch._grouped_mm when it applies, else a loop over experts."""
+    w is [E, out, in]. Uses the tuned grouped GEMM, else torch._grouped_mm when it applies, else a loop over experts."""
+    tuned = TUNED.get("grouped_gemm")
+    if tuned is not None and (out := tuned(x, w, counts)) is not None:
+        return out
     if _grouped_mm_ok(x, w):
         offs = counts.cumsum(0).to(torch.int32)
         y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
