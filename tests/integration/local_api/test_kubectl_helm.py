@@ -84,12 +84,12 @@ def test_discovery_version_and_helm_release(cluster: Cluster) -> None:
 
 def test_apply_get_explain_and_validation(cluster: Cluster) -> None:
     out = cluster.run("kubectl", "apply", "-f", "examples/quickstart/").stdout   # client validation on
-    assert out.count(" created") == 5, out
-    assert cluster.run("kubectl", "get", "trex").stdout.count("quickstart-") == 5
+    assert out.count(" created") == 6, out
+    assert cluster.run("kubectl", "get", "trex").stdout.count("quickstart-") == 6
     assert _header(cluster.run("kubectl", "get", "trainjobs").stdout) == ["NAME", "PHASE", "STEP", "MFU", "LOSS", "AGE"]
     assert "PASS@1" in _header(cluster.run("kubectl", "get", "ej").stdout)
     listed = cluster.json("get", "tj")
-    assert [i["kind"] for i in listed["items"]] == ["TrainJob", "TrainJob"]
+    assert [i["kind"] for i in listed["items"]] == ["TrainJob"] * 3
     explained = cluster.run("kubectl", "explain", "trainjob.spec.trainer").stdout
     assert "KIND:       TrainJob" in explained and "checkpoint" in explained
     unknown = cluster.run("kubectl", "apply", "-f", "-", ok=False, stdin=(

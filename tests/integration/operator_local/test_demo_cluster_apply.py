@@ -40,7 +40,7 @@ def test_cluster_path_creates_then_replaces(kubeconfig: EmulatorThread, capsys: 
     docs = load_quickstart(REPO / "examples", quick=True)
     assert run_cluster(docs, None, timeout_s=1.0) == 1          # nothing reconciles them: not Succeeded
     first = capsys.readouterr().out
-    assert first.count(" created") == len(docs) == 5 and "namespace demo-ns" in first
+    assert first.count(" created") == len(docs) == 6 and "namespace demo-ns" in first
     stored = {(res.plural, name): obj.raw for (res, ns, name), obj in kubeconfig.emulator.objects.items()
               if ns == "demo-ns" and not obj.deleted}
     assert {name for _plural, name in stored} == {d["metadata"]["name"] for d in docs}
@@ -50,7 +50,7 @@ def test_cluster_path_creates_then_replaces(kubeconfig: EmulatorThread, capsys: 
     next(d for d in docs if d["metadata"]["name"] == "quickstart-train")["spec"]["trainer"]["maxSteps"] = 7
     assert run_cluster(docs, None, timeout_s=1.0) == 1
     second = capsys.readouterr().out
-    assert second.count(" replaced") == 5
+    assert second.count(" replaced") == 6
     obj = next(o.raw for (res, ns, name), o in kubeconfig.emulator.objects.items()
                if ns == "demo-ns" and name == "quickstart-train" and not o.deleted)
     assert obj["spec"]["trainer"]["maxSteps"] == 7

@@ -70,7 +70,7 @@ def test_prometheus_config_and_targets(tmp_path: Path) -> None:
 def test_quick_budgets_are_smaller_and_valid() -> None:
     full = load_quickstart(REPO / "examples", quick=False)
     quick = load_quickstart(REPO / "examples", quick=True)
-    assert [d["kind"] for d in full] == ["ORDataJob", "KernelTuneJob", "TrainJob", "TrainJob", "EvalJob"]
+    assert [d["kind"] for d in full] == ["ORDataJob", "KernelTuneJob", "TrainJob", "TrainJob", "TrainJob", "EvalJob"]
     for f, q in zip(full, quick, strict=True):
         assert check_document("q", 0, q).problems == []
         assert q != f or (f["kind"] == "ORDataJob" and f["spec"]["ordata"]["count"] <= 32)
