@@ -217,7 +217,7 @@ def _data_value(inst: Instance, p: Param) -> str:
 
     if v and isinstance(v[0], list):
         cols = inst.sets[p.index[1]]
-        return "{" + ", ".join(f"{json.dumps(r)}: {cells(row, cols)}"  # type: ignore[arg-type]
+        return "{" + ", ".join(f"{json.dumps(r)}: {cells(row, cols)}"
                                for r, row in zip(rows, v, strict=True)) + "}"
     return cells(v, rows)  # type: ignore[arg-type]
 
