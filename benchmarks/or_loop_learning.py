@@ -1,11 +1,14 @@
 """Does the OR loop learn? ORData -> SFT -> evaluation on CPU, with the controls that tell learning from luck.
 
-    .venv/bin/python benchmarks/or_loop_learning.py [--seeds 0,1,2] [--steps 300] [--preset tiny]
-        [--families knapsack] [--count 240] [--items 12] [--max-tokens 0] [--out DIR]
+    .venv/bin/python benchmarks/or_loop_learning.py [--seeds 0,1,2] [--steps 240] [--preset tiny --shape learn]
+        [--layout data] [--digits 3] [--lr-scale 1] [--temperature 0] [--families knapsack] [--count 240]
+        [--items 12] [--out DIR]          (make learn: one seed)
 
-Per seed: ORData on simple families in the concise rendering (one style, gurobipy code), SFT of a small
-preset (its vocabulary and positions widened to fit the samples), then, through the real `trex eval`
-harness (prompt contract, extraction, sandbox, strict scoring):
+Per seed: ORData on simple families in the concise rendering (one style, gurobipy code, reference answers in
+the copy-friendly ``data`` layout by default: the program restates each number once, in the problem's order),
+a BPE trained on it (numbers cut into groups of ``--digits`` digits), SFT of a small model (``--shape learn``:
+the tiny preset widened to a dense 2-layer, 128-wide model without MTP; positions and vocabulary sized to
+the samples), then, through the real `trex eval` harness (prompt contract, extraction, sandbox, strict scoring):
 
 - ``untrained``: the same model before training, on the held-out items;
 - ``trained/train``: the checkpoint on items it was trained on (memorisation);
@@ -15,10 +18,12 @@ harness (prompt contract, extraction, sandbox, strict scoring):
   as learning;
 - ``oracle``: each held-out item's own reference answer cut at the generation budget (must be 100 %).
 
-It also prints the reference answer's loss per token under the training record's tokens and under the
-tokens `trex eval` sends through the exported chat template (equal by construction of the contract).
-Held-out Pass@1 clearly above both ``untrained`` and ``control`` is learning; the figures are the
-honest baseline the GRPO work starts from.
+Under teacher forcing on held-out reference answers it also prints the trainer model's loss per answer token
+and the share of answer tokens, and of number tokens (the ones to copy from the prompt), its argmax gets
+right; and ``rollout_vs_export``: the share of greedy tokens on which the rollout engine (the trainer's own
+model) and the exported checkpoint through transformers (the `trex eval` path) agree before they first
+differ (1.0: the two generation paths are the same). Held-out Pass@1 clearly above both ``untrained`` and
+``control`` is learning; the figures are the honest baseline the GRPO work starts from.
 """
 
 from __future__ import annotations
@@ -127,9 +132,9 @@ def control_answers(items: list[dict[str, Any]], pool: list[dict[str, Any]]) -> 
 
 
 def teacher_forced(model: Any, tok: Any, records: list[dict[str, Any]]) -> dict[str, float]:
-    """Over ``records``' reference answers, under the trainer's model: loss per answer token, and the share of
-    answer tokens (and of the answer's number tokens: what must be copied from the prompt) its argmax predicts
-    given the reference prefix, i.e. what greedy decoding gets right one step ahead."""
+    """Over ``records``' reference answers, under the trainer's model: loss per answer token, the share of answer
+    tokens its argmax predicts given the reference prefix (what greedy decoding gets right one step ahead), and
+    the share of the answer's numbers (what must be copied from the prompt) whose every token it predicts."""
     import torch
     from trex.trainer.data.packing import encode_chat
 
@@ -146,8 +151,20 @@ def teacher_forced(model: Any, tok: Any, records: list[dict[str, Any]]) -> dict[
             hit = logits.argmax(-1) == gold
             nll += float(torch.nn.functional.cross_entropy(logits, gold, reduction="sum"))
             total, right = total + len(gold), right + int(hit.sum())
-            numbers, numbers_right = numbers + int(digit[gold].sum()), numbers_right + int(hit[digit[gold]].sum())
+            for run in _runs(digit[gold].tolist()):  # a number: consecutive digit tokens, right when all are
+                numbers, numbers_right = numbers + 1, numbers_right + int(bool(hit[run[0]:run[1]].all()))
     return {"loss": nll / total, "token_accuracy": right / total, "number_accuracy": numbers_right / max(numbers, 1)}
+
+
+def _runs(flags: list[bool]) -> list[tuple[int, int]]:
+    """[start, end) of every run of True in ``flags``."""
+    out: list[tuple[int, int]] = []
+    for i, f in enumerate(flags):
+        if f and (i == 0 or not flags[i - 1]):
+            out.append((i, i + 1))
+        elif f:
+            out[-1] = (out[-1][0], i + 1)
+    return out
 
 
 def generation_paths(trainer_model: Any, tok: Any, export: Path, records: list[dict[str, Any]],
@@ -235,7 +252,7 @@ def _sft_of(item: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--shape", choices=tuple(SHAPES), default="learn", help="model overrides on the preset")
     ap.add_argument("--families", default="knapsack")
@@ -248,7 +265,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=4, help="sequences per step")
     ap.add_argument("--lr-scale", type=float, default=1.0, help="factor on both optimizers' default peak LRs")
     ap.add_argument("--temperature", type=float, default=0.0, help="decoding temperature (0: greedy)")
-    ap.add_argument("--probe", type=int, default=4, help="held-out items of the teacher-forced and path checks")
+    ap.add_argument("--probe", type=int, default=2, help="held-out items of the teacher-forced and path checks")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     args.families = [f.strip() for f in args.families.split(",") if f.strip()]
