@@ -45,7 +45,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "learn": {"hiddenSize": 128, "numLayers": 2, "nDenseLayers": 2, "intermediateSize": 512, "mtpDepth": 0,
               "kvLoraRank": 64, "qkNopeHeadDim": 32, "qkRopeHeadDim": 16, "vHeadDim": 32},
 }
-"""Model overrides on top of the preset: ``preset`` keeps it; ``learn`` (on tiny) is a 1M-parameter dense
+"""Model overrides on top of the preset: ``preset`` keeps it; ``learn`` (on tiny) is a 0.9M-parameter dense
 2-layer model without MTP, twice tiny's width, at about tiny's CPU cost per step."""
 
 
