@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trex-installed
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint typecheck unit crds bench clean images prometheus bubblewrap
+.PHONY: all demo learn test lint typecheck unit crds bench clean images prometheus bubblewrap
 
 all: test
 
@@ -46,6 +46,10 @@ crds: $(STAMP)
 
 demo: $(STAMP) prometheus bubblewrap
 	$(VENV)/bin/trex demo
+
+# The OR loop's CPU learning run, one seed (benchmarks/or_loop_learning.py; --seeds 0,1,2 for the report's three).
+learn: $(STAMP) bubblewrap
+	$(PY) benchmarks/or_loop_learning.py --seeds 0
 
 bench: $(STAMP) bubblewrap
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -206,3 +206,13 @@ def test_numbers_split_into_digit_groups_like_deepseek_v3() -> None:
     assert digits[:3] == ["123", "456", "7"]
     assert all(p.lstrip("Ġ").isdigit() or not any(ch.isdigit() for ch in p) for p in pieces)
     assert tok.decode(tok.encode("capacity 1234567 at 2048.5", add_special_tokens=False).ids) == "capacity 1234567 at 2048.5"
+
+
+def test_single_digit_groups_give_one_token_per_digit() -> None:
+    text = "the payload is 1234567 kg and 98765 euros, 3.14159 per unit "
+    tok = train_bpe([text * 40], 400, digit_group=1)
+    pieces = [p.lstrip("Ġ") for p in tok.encode("capacity 1234567 at 2048.5", add_special_tokens=False).tokens]
+    assert [p for p in pieces if any(ch.isdigit() for ch in p)] == list("1234567") + list("2048") + list("5")
+    assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
+    with pytest.raises(ValueError, match="digit_group"):
+        train_bpe([text], 400, digit_group=0)

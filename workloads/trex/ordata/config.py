@@ -94,11 +94,20 @@ class ReconstructionConfig(TrexModel):
     """Endpoint for mode=llm (and optional LLM review)."""
     code_solver: Literal["gurobipy", "highspy", "both"] = "gurobipy"
     """Library the reconstructed code uses."""
+    layout: Literal["inline", "data"] = "inline"
+    """Reference answers' layout: `inline` writes the coefficients into each constraint (every family);
+    `data` restates the problem's data once as Python dicts in the problem's order, then builds the model over
+    them, with a symbolic formulation (copy-friendly; gurobipy, families with a data layout: knapsack)."""
 
     @model_validator(mode="after")
     def _check(self) -> ReconstructionConfig:
         if self.mode == "llm" and self.endpoint is None:
             raise ValueError("endpoint: required when mode is 'llm'")
+        if self.layout == "data" and self.mode != "reference":
+            raise ValueError("layout: 'data' is the reference reconstruction's layout; mode must be 'reference'")
+        if self.layout == "data" and self.code_solver != "gurobipy":
+            raise ValueError(f"layout: 'data' is written for gurobipy; codeSolver must be 'gurobipy', "
+                             f"got {self.code_solver!r}")
         return self
 
 
@@ -185,4 +194,11 @@ class ORDataConfig(TrexModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"families: {', '.join(dup)} listed more than once; allowed: each family once")
+        if self.reconstruction.layout == "data":
+            from trex.ordata.reconstruct import DATA_LAYOUT_FAMILIES
+
+            lacking = [n for n in names if n not in DATA_LAYOUT_FAMILIES]
+            if lacking:
+                raise ValueError(f"reconstruction.layout: 'data' has no layout for {', '.join(lacking)}; families "
+                                 f"with one: {', '.join(DATA_LAYOUT_FAMILIES)}")
         return self

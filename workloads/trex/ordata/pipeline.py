@@ -23,7 +23,7 @@ from trex.ordata.config import ORDataConfig
 from trex.ordata.generators import FAMILIES, GenerationError, derive_seed, sample_feasible
 from trex.ordata.generators.base import MAX_ATTEMPTS
 from trex.ordata.ir import Instance
-from trex.ordata.reconstruct import formulation, reference_code
+from trex.ordata.reconstruct import reconstruction
 from trex.ordata.render import fmt_num, render
 from trex.ordata.shards import (
     MANIFEST,
@@ -195,15 +195,15 @@ def draft_sample(cfg: ORDataConfig, plan: Plan) -> dict[str, Any] | None:
         return None
     cleaner = gates.Cleaner()
     problem = cleaner.clean_text(render(inst, plan.style, plan.form).text)  # type: ignore[arg-type]
-    code = cleaner.clean_code(reference_code(inst, plan.library))
+    form_text, code = reconstruction(inst, plan.library, cfg.reconstruction.layout)
     res = box["result"]
-    return _sample(cfg, plan, inst, inst.content_hash(), res, problem, formulation(inst), code, False, attempts,
-                   res.objective)
+    return _sample(cfg, plan, inst, inst.content_hash(), res, problem, form_text, cleaner.clean_code(code), False,
+                   attempts, res.objective)
 
 
 def _reconstruct(cfg: ORDataConfig, inst: Instance, problem: str, library: str) -> tuple[str, str]:
     if cfg.reconstruction.mode == "reference":
-        return formulation(inst), reference_code(inst, library)
+        return reconstruction(inst, library, cfg.reconstruction.layout)
     from trex.ordata import llm_reconstruct
 
     assert cfg.reconstruction.endpoint is not None
@@ -238,7 +238,8 @@ def _sample(cfg: ORDataConfig, plan: Plan, inst: Instance, ir_hash: str, res: So
         "master_seed": cfg.seed, "size": plan.size, "style": plan.style, "form": plan.form,
         "generator_version": fam.version, "solver": res.solver, "solver_version": res.solver_version,
         "objective": res.objective, "objective_sense": inst.objective.sense, "executed_objective": exec_objective,
-        "code_library": plan.library, "reconstruction": cfg.reconstruction.mode, "cross_checked": crossed,
+        "code_library": plan.library, "reconstruction": cfg.reconstruction.mode,
+        "layout": cfg.reconstruction.layout, "cross_checked": crossed,
         "sampling_attempts": attempts, "tolerances": cfg.tolerances.model_dump(mode="json"), "ir_hash": ir_hash,
     }
     return {"id": f"ordata-{cfg.seed}-{plan.index:08d}", "problem": problem, "formulation": form_text, "code": code,

@@ -1,15 +1,22 @@
 """Reference reconstruction: from the IR, a written formulation and standalone gurobipy / highspy programs.
 
-The programs inline the data, solve, and print one protocol line
-``TREX_RESULT {"status": ..., "objective": ..., "values": {...}}`` that the sandbox parses.
+Two layouts. ``inline`` (every family, both libraries): the formulation and the program write the IR's
+coefficients into each constraint. ``data`` (gurobipy, the families in :data:`DATA_LAYOUT_FAMILIES`): the
+program restates the problem's data once, one Python dict per data line of the problem and in its order,
+then builds the family's model over those names; the formulation is symbolic (no numbers). The data layout
+is the copy-friendly one: a model writing it copies each number next to where the prompt states it.
+Every program prints one protocol line ``TREX_RESULT {"status": ..., "objective": ..., "values": {...}}``
+that the sandbox parses.
 """
 
 from __future__ import annotations
 
+import json
 import keyword
 from collections import defaultdict
+from collections.abc import Callable
 
-from trex.ordata.ir import Constraint, Instance, Variable
+from trex.ordata.ir import Constraint, Instance, Param, Variable
 from trex.ordata.render.numbers import fmt_num
 
 PROTOCOL_PREFIX = "TREX_RESULT "
@@ -89,12 +96,23 @@ def formulation(inst: Instance) -> str:
     return "\n".join(lines)
 
 
+_GUROBI_HEAD = ["import json", "", "import gurobipy as gp", "from gurobipy import GRB", ""]
+_GUROBI_RESULT = [
+    "m.optimize()",
+    'names = {GRB.OPTIMAL: "optimal", GRB.INFEASIBLE: "infeasible", GRB.UNBOUNDED: "unbounded",',
+    '         GRB.INF_OR_UNBD: "inf_or_unbd", GRB.TIME_LIMIT: "time_limit"}',
+    'status = names.get(m.Status, "error")',
+    'result = {"status": status, "objective": m.ObjVal if status == "optimal" else None,',
+    '          "values": {v.VarName: v.X for v in m.getVars()} if status == "optimal" else {}}',
+    f'print("{PROTOCOL_PREFIX}" + json.dumps(result))', ""]
+"""Solve and print the TREX_RESULT line: the tail of every gurobipy program."""
+
+
 def gurobipy_code(inst: Instance) -> str:
     """A standalone gurobipy program for ``inst`` printing the TREX_RESULT line."""
     vt = {"continuous": "GRB.CONTINUOUS", "integer": "GRB.INTEGER", "binary": "GRB.BINARY"}
     out = [f'"""{inst.title}: {inst.objective.description} ({inst.family.replace("_", " ")}), solved with gurobipy."""',
-           "import json", "", "import gurobipy as gp", "from gurobipy import GRB", "",
-           f'm = gp.Model("{inst.family}")', "m.Params.OutputFlag = 0", "", "# Decision variables"]
+           *_GUROBI_HEAD, f'm = gp.Model("{inst.family}")', "m.Params.OutputFlag = 0", "", "# Decision variables"]
     for v in inst.variables:
         ub = "GRB.INFINITY" if v.ub is None else _c(v.ub)
         out.append(f'{_ident(v.name)} = m.addVar(lb={_c(v.lb)}, ub={ub}, vtype={vt[v.vtype]}, name="{v.name}")'
@@ -102,13 +120,7 @@ def gurobipy_code(inst: Instance) -> str:
     out += _constraint_lines(inst, "m")
     sense = "GRB.MINIMIZE" if inst.objective.sense == "min" else "GRB.MAXIMIZE"
     out += ["", f"# Objective: {inst.objective.description}", f"m.setObjective({_objective_text(inst)}, {sense})", "",
-            "m.optimize()",
-            'names = {GRB.OPTIMAL: "optimal", GRB.INFEASIBLE: "infeasible", GRB.UNBOUNDED: "unbounded",',
-            '         GRB.INF_OR_UNBD: "inf_or_unbd", GRB.TIME_LIMIT: "time_limit"}',
-            'status = names.get(m.Status, "error")',
-            'result = {"status": status, "objective": m.ObjVal if status == "optimal" else None,',
-            '          "values": {v.VarName: v.X for v in m.getVars()} if status == "optimal" else {}}',
-            f'print("{PROTOCOL_PREFIX}" + json.dumps(result))', ""]
+            *_GUROBI_RESULT]
     return "\n".join(out)
 
 
@@ -190,3 +202,64 @@ def reference_code(inst: Instance, library: str) -> str:
     if library == "highspy":
         return highspy_code(inst)
     raise ValueError(f"library must be 'gurobipy' or 'highspy', got {library!r}")
+
+
+# --- the data layout ------------------------------------------------------------------------------------
+def _data_value(inst: Instance, p: Param) -> str:
+    """``p`` as a Python literal keyed by its entity names (scalar, dict, or dict of dicts), in problem order."""
+    v = p.value
+    if not isinstance(v, list):
+        return _c(v)
+    rows = inst.sets[p.index[0]]
+
+    def cells(values: list[float], keys: list[str]) -> str:
+        return "{" + ", ".join(f"{json.dumps(k)}: {_c(x)}" for k, x in zip(keys, values, strict=True)) + "}"
+
+    if v and isinstance(v[0], list):
+        cols = inst.sets[p.index[1]]
+        return "{" + ", ".join(f"{json.dumps(r)}: {cells(row, cols)}"
+                               for r, row in zip(rows, v, strict=True)) + "}"
+    return cells(v, rows)  # type: ignore[arg-type]
+
+
+def data_block(inst: Instance) -> list[str]:
+    """One assignment per parameter, in the order (and with the entity names) the rendered problem states them."""
+    return [f"{_ident(p.name)} = {_data_value(inst, p)}" for p in inst.params.values()]
+
+
+def _knapsack(inst: Instance) -> tuple[str, list[str]]:
+    words = ["Decision variables:", "  take[i] in {0, 1} for each item i: 1 if item i is selected", "",
+             f"Objective ({inst.objective.description}):", "  maximize sum over items i of value[i] * take[i]", "",
+             "Constraints:", "  capacity: sum over items i of weight[i] * take[i] <= capacity"]
+    code = ['take = {e: m.addVar(vtype=GRB.BINARY, name=f"take_{k}") for k, e in enumerate(weight)}',
+            'm.addConstr(gp.quicksum(weight[e] * take[e] for e in take) <= capacity, name="capacity")',
+            "m.setObjective(gp.quicksum(value[e] * take[e] for e in take), GRB.MAXIMIZE)"]
+    return "\n".join(words), code
+
+
+DATA_MODELS: dict[str, Callable[[Instance], tuple[str, list[str]]]] = {"knapsack": _knapsack}
+"""Per family with a data layout: its symbolic formulation body and the gurobipy lines building its model over
+the names of :func:`data_block`."""
+DATA_LAYOUT_FAMILIES: tuple[str, ...] = tuple(DATA_MODELS)
+
+
+def data_layout(inst: Instance) -> tuple[str, str]:
+    """(symbolic formulation, gurobipy program restating the data once) for a family with a data layout."""
+    if inst.family not in DATA_MODELS:
+        raise ValueError(f"family {inst.family!r} has no data layout; allowed: {', '.join(DATA_LAYOUT_FAMILIES)}")
+    words, model = DATA_MODELS[inst.family](inst)
+    form = f"Model: {inst.title} ({inst.family.replace('_', ' ')})\n\n{words}"
+    code = [*_GUROBI_HEAD, "# Data, as stated in the problem", *data_block(inst), "",
+            f'm = gp.Model("{inst.family}")', "m.Params.OutputFlag = 0", *model, "", *_GUROBI_RESULT]
+    return form, "\n".join(code)
+
+
+def reconstruction(inst: Instance, library: str, layout: str = "inline") -> tuple[str, str]:
+    """(formulation, program) of ``inst`` in ``layout`` ("inline" or "data")."""
+    if layout == "data":
+        if library != "gurobipy":
+            raise ValueError(f"the data layout is written for gurobipy, got {library!r}")
+        return data_layout(inst)
+    if layout != "inline":
+        raise ValueError(f"layout must be 'inline' or 'data', got {layout!r}")
+    return formulation(inst), reference_code(inst, library)

@@ -11,9 +11,6 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 from trex.prompt_contract import REASONING_TOKENS, SPECIAL_TOKENS
 
-DIGIT_GROUPS = r"\p{N}{1,3}"
-"""Numbers are cut into groups of at most three digits before BPE, as DeepSeek-V3's tokenizer does (so a
-merge never spans a number's digits and 1234 is always "123" "4")."""
 PRETOKENIZER_VERSION = "digits3"
 """Part of the cache key: a tokenizer trained under another pre-tokenizer is never reused."""
 
@@ -24,11 +21,16 @@ def specials(reasoning: bool = False) -> list[str]:
     return [*SPECIAL_TOKENS, *(REASONING_TOKENS if reasoning else ())]
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, reasoning: bool = False) -> Tokenizer:
-    """Train a byte-level BPE (every byte representable, specials first, digit groups isolated) on ``texts``."""
+def train_bpe(texts: Iterable[str], vocab_size: int, reasoning: bool = False, digit_group: int = 3) -> Tokenizer:
+    """Train a byte-level BPE (every byte representable, specials first, digit groups isolated) on ``texts``.
+
+    Numbers are cut into groups of at most ``digit_group`` digits before BPE, so a merge never spans a number's
+    digits: 3 as DeepSeek-V3's tokenizer does (1234 is always "123" "4"), 1 for one token per digit."""
+    if not 1 <= digit_group <= 9:
+        raise ValueError(f"digit_group must be in 1..9, got {digit_group}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(DIGIT_GROUPS), behavior="isolated"),
+        pre_tokenizers.Split(Regex(rf"\p{{N}}{{1,{digit_group}}}"), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False),
     ])
     tok.decoder = decoders.ByteLevel()
