@@ -602,11 +602,9 @@ class Trainer:
                                                  lambda: self._autocast(dev))
         t3 = time.perf_counter()
         stats = run.stats(rollouts, rewards, loss_stats, (t1 - t0, t2 - t1, t3 - t2))
-        valid = self._sum_over_ranks([float(sum(len(r.tokens) - sum(r.stale) for r in rollouts)),
-                                      float(sum(len(r.prompt) + len(r.tokens) for r in rollouts))])
         seq_len = max(len(r.prompt) + len(r.tokens) for r in rollouts)
-        return ({**parts, "total": parts["grpo"]}, counts, valid[0], int(valid[1]), seq_len, stats.responses,
-                stats)
+        return ({**parts, "total": parts["grpo"]}, counts, float(stats.valid_tokens), stats.forward_tokens, seq_len,
+                stats.responses, stats)
 
     def _opd_backward(self, s: int) -> tuple[dict[str, float], torch.Tensor | None, float, int, int, int,
                                              OPDStepInfo]:

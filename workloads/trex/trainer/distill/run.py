@@ -23,7 +23,7 @@ from trex.trainer.distill.cache import HiddenStateCache
 from trex.trainer.distill.opd import OPDStats, opd_step
 from trex.trainer.distill.teacher import TeacherPool, resolve_teacher_dir
 from trex.trainer.hf import args_from_hf_dir
-from trex.trainer.rl.prompts import PromptOrder, prompt_tokens
+from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.step import stop_tokens_of
 from trex.trainer.rollout import SamplingParams
 
@@ -64,7 +64,7 @@ class OPDRun:
     def __init__(self, cfg: TrainerConfig, tokenizer: Any, items: Sequence[Item], device: torch.device,
                  dtype: torch.dtype, ckpt_dir: Path, vocab_size: int) -> None:
         o = cfg.opd
-        self.cfg, self.full, self.tok, self.items, self.seed = o, cfg, tokenizer, list(items), cfg.seed
+        self.cfg, self.items, self.seed = o, list(items), cfg.seed
         for i, t in enumerate(o.teachers):
             teacher_vocab = args_from_hf_dir(resolve_teacher_dir(str(t.path))).vocab_size
             if teacher_vocab != vocab_size:
@@ -80,15 +80,9 @@ class OPDRun:
         self.pool = TeacherPool([(t.label, t.weight, str(t.path)) for t in o.teachers], device,
                                 HiddenStateCache(o.cache_bytes, cache_dir), make_copy_engine(device.type),
                                 vocab_size=vocab_size, dtype=dtype)
-        self._prompts: dict[int, list[int]] = {}
-
-    def prompt(self, index: int) -> list[int]:
-        """Prompt tokens of item ``index`` (encoded once)."""
-        if index not in self._prompts:
-            d = self.full.data
-            self._prompts[index] = prompt_tokens(self.tok, self.items[index], self.cfg.prompt_format,
-                                                 self.cfg.prompt_set, d.reasoning_mode, d.think_max_prompt)
-        return self._prompts[index]
+        self.prompt = PromptCache(tokenizer, self.items, o.prompt_format, o.prompt_set, cfg.data.reasoning_mode,
+                                  cfg.data.think_max_prompt)
+        """Prompt tokens of item i (encoded once)."""
 
     def batch_at(self, step: int) -> list[int]:
         """The item indices of optimizer step ``step``."""

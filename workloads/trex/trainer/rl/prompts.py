@@ -9,6 +9,7 @@ contract's messages for grpo.promptSet (:func:`trex.prompt_contract.prompt_messa
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,23 @@ def prompt_tokens(tok: Tokenizer, item: Item, fmt: str, prompt_set: str, reasoni
 
     messages = prompt_messages(item.question, prompt_set, named=list(item.named), data_file=fmt == "bench4opt")
     return [int(t) for t in encode_prompt(tok, messages, reasoning_mode, think_max_prompt)]
+
+
+class PromptCache:
+    """The prompt tokens of a run's items (:func:`prompt_tokens`), each encoded once, on first use."""
+
+    def __init__(self, tok: Tokenizer, items: Sequence[Item], fmt: str, prompt_set: str, reasoning_mode: str | None,
+                 think_max_prompt: str | None) -> None:
+        self.tok, self.items, self.fmt, self.prompt_set = tok, items, fmt, prompt_set
+        self.reasoning_mode, self.think_max_prompt = reasoning_mode, think_max_prompt
+        self._tokens: dict[int, list[int]] = {}
+
+    def __call__(self, index: int) -> list[int]:
+        """Prompt tokens of item ``index``."""
+        if index not in self._tokens:
+            self._tokens[index] = prompt_tokens(self.tok, self.items[index], self.fmt, self.prompt_set,
+                                                self.reasoning_mode, self.think_max_prompt)
+        return self._tokens[index]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from trex.evaluation.scoring import CATEGORIES
 from trex.prompt_contract import PAD
 from trex.trainer.config import TrainerConfig
 from trex.trainer.rl.grpo import group_advantages, grpo_loss, token_logprobs
-from trex.trainer.rl.prompts import PromptOrder, prompt_tokens
+from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.reward import Reward, Verifier
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
@@ -56,6 +56,10 @@ class GRPOStats:
     """Responses cut by the length budget (no stop token)."""
     resumed_tokens: int = 0
     """Tokens taken from the rollout log instead of decoded (a resumed step)."""
+    valid_tokens: int = 0
+    """Response tokens the loss averaged over (stale ones excluded)."""
+    forward_tokens: int = 0
+    """Prompt and response tokens through the model in the loss."""
     outcomes: dict[str, int] = field(default_factory=dict)
     """Verifier outcome counts (correct, wrong_objective, no_solver_call, no_code, ...)."""
     rollout_seconds: float = 0.0
@@ -129,15 +133,9 @@ class GRPORun:
                                      max_new_tokens=g.max_new_tokens, stop_tokens=self.stop)
         pad = tokenizer.token_to_id(PAD)
         self.pad = 0 if pad is None else int(pad)
-        self._prompts: dict[int, list[int]] = {}
-
-    def prompt(self, index: int) -> list[int]:
-        """Prompt tokens of item ``index`` (encoded once)."""
-        if index not in self._prompts:
-            c = self.cfg
-            self._prompts[index] = prompt_tokens(self.tok, self.items[index], c.grpo.prompt_format, c.grpo.prompt_set,
-                                                 c.data.reasoning_mode, c.data.think_max_prompt)
-        return self._prompts[index]
+        self.prompt = PromptCache(tokenizer, self.items, g.prompt_format, g.prompt_set, cfg.data.reasoning_mode,
+                                  cfg.data.think_max_prompt)
+        """Prompt tokens of item i (encoded once)."""
 
     def my_prompts(self, step: int) -> list[tuple[int, int]]:
         """(position in the step's global prompt list, item index) of this rank's prompts at ``step``."""
@@ -237,18 +235,21 @@ class GRPORun:
         length = sum(len(x.tokens) for x in rollouts)
         cut = sum(1 for x in rollouts if x.finish_reason == "length")
         resumed = sum(x.resumed for x in rollouts)
+        valid = length - sum(sum(x.stale) for x in rollouts)
+        forward = length + sum(len(x.prompt) for x in rollouts)
         outcomes = Counter(x.outcome for x in rewards)
         names = sorted(OUTCOMES)
         summed = self.sum([float(n), tot, sq, float(length), float(cut), float(resumed), loss_stats["kl"],
-                           loss_stats["clip_fraction"], *(float(outcomes.get(k, 0)) for k in names)])
+                           loss_stats["clip_fraction"], float(valid), float(forward),
+                           *(float(outcomes.get(k, 0)) for k in names)])
         n_all = max(summed[0], 1.0)
         mean = summed[1] / n_all
         var = max(summed[2] / n_all - mean * mean, 0.0)
         return GRPOStats(
             reward_mean=mean, reward_std=var ** 0.5, kl=summed[6], clip_fraction=summed[7],
             response_length=summed[3] / n_all, responses=int(summed[0]), truncated=int(summed[4]),
-            resumed_tokens=int(summed[5]),
-            outcomes={k: int(v) for k, v in zip(names, summed[8:], strict=True) if v},
+            resumed_tokens=int(summed[5]), valid_tokens=int(summed[8]), forward_tokens=int(summed[9]),
+            outcomes={k: int(v) for k, v in zip(names, summed[10:], strict=True) if v},
             rollout_seconds=seconds[0], verify_seconds=seconds[1], train_seconds=seconds[2])
 
 
