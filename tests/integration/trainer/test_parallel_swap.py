@@ -72,10 +72,10 @@ def _worker(rank: int, out: str) -> None:
         for name, (layout, dtype) in LAYOUTS.items():
             for variant in VARIANTS:
                 if variant == "small":
-                    build_mod.with_swap = lambda o, c, k: swap.with_swap(  # type: ignore[assignment]
-                        o, c, k, engine=LatencyCopyEngine(2.0, jitter=2e-3, seed=rank), bucket_bytes=BUCKET)
-                elif variant == "in-place":
-                    build_mod.with_swap = lambda o, c, k: _InPlace(  # type: ignore[assignment]
+                    build_mod.with_swap = lambda o, c, k, **kw: swap.with_swap(  # type: ignore[assignment]
+                        o, c, k, engine=LatencyCopyEngine(2.0, jitter=2e-3, seed=rank), bucket_bytes=BUCKET, **kw)
+                elif variant == "in-place":  # the same buckets stepped where they are (masters on the device)
+                    build_mod.with_swap = lambda o, c, k, **kw: _InPlace(  # type: ignore[assignment]
                         o, buffers=2, bucket_bytes=BUCKET, engine=LatencyCopyEngine(1.0), device_kind=k)
                 else:
                     build_mod.with_swap = swap.with_swap

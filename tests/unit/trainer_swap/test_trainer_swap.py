@@ -61,9 +61,9 @@ def jittery(monkeypatch: pytest.MonkeyPatch) -> None:
     """`trex train` with small buckets on a simulated 2 GB/s link with up to 2 ms random delay per copy."""
     seeds = iter(range(100))
 
-    def make(opts: Any, cfg: Any, kind: str) -> Any:
+    def make(opts: Any, cfg: Any, kind: str, **kw: Any) -> Any:
         return swap.with_swap(opts, cfg, kind, engine=LatencyCopyEngine(2.0, jitter=2e-3, seed=next(seeds)),
-                              bucket_bytes=BUCKET)
+                              bucket_bytes=BUCKET, **kw)
 
     monkeypatch.setattr(build_mod, "with_swap", make)
 

@@ -76,7 +76,7 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
         model = build_model(cfg.model, device=device.torch_device(), dtype=dtype, seed=cfg.seed)
         apply_recompute(model, cfg.recompute)
         opts = build_optimizers(model, dict(model.param_roles()), cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
-        return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind), None)
+        return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind, model=model), None)
     from trex.trainer.parallel.init import materialize
     from trex.trainer.parallel.muon import ShardedOrthogonalize
     from trex.trainer.parallel.parallelize import parallelize
@@ -91,7 +91,7 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
     opts = build_optimizers(model, roles, cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
     if opts.muon is not None:
         opts.muon.orthogonalize = ShardedOrthogonalize(cfg.optimizer.muon.distributed, layout.muon_group)
-    return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind), parallel)
+    return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind, model=model), parallel)
 
 
 def build_checkpointer(cfg: TrainerConfig, directory: Path, group: Any,

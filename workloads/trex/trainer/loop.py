@@ -396,7 +396,9 @@ class Trainer:
             return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        on = self.opts.masters_on_device() if isinstance(self.opts, SwapOptimizers) else contextlib.nullcontext()
+        with on:  # the gathers run on the device backend
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
     def export_model(self) -> nn.Module | None:
@@ -461,7 +463,7 @@ class Trainer:
         # Optimizer states come from the checkpoint; hyper-parameters from the current config.
         apply_hparams(self.opts, self.cfg.optimizer, ns_dtype(self.cfg, self.device.kind))
         if isinstance(self.opts, SwapOptimizers):
-            self.opts.offload()  # the loaded states go to host memory now, not at the first step
+            self.opts.restored()  # the loaded states and masters go to host memory now, not at the first step
         x = loaded.extra
         self.step = int(x["step"])
         if self.loader is not None:

@@ -126,6 +126,17 @@ def finite(*values: float) -> bool:
 
 
 def _full(t: Any) -> Any:
-    """The whole tensor of a (possibly sharded) parameter; a collective on every rank when it is a DTensor."""
+    """The whole tensor of a (possibly sharded) parameter; a collective on every rank when it is a DTensor.
+    A shard stored in host memory (a master under optimizer.swap) is gathered from a device copy: the
+    device backend cannot gather host tensors."""
     full = getattr(t, "full_tensor", None)
-    return full() if callable(full) else t
+    if not callable(full):
+        return t
+    from torch.distributed.tensor import DTensor
+
+    local = t.to_local()
+    mesh = t.device_mesh
+    if local.device.type != mesh.device_type:
+        t = DTensor.from_local(local.to(mesh.device_type), mesh, t.placements, run_check=False, shape=t.shape,
+                               stride=t.stride())
+    return t.full_tensor()

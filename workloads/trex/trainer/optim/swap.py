@@ -18,13 +18,20 @@ buffers are freed once their last write-back is done, before the next step.
 The wrapper steps the existing optimizers on one bucket at a time (their param groups narrowed to the
 bucket), so the arithmetic is theirs and swap on is bit-identical to swap off; between steps each state
 tensor's storage is its host copy, so ``state_dict`` and DCP checkpoints see ordinary, current tensors.
+
+A bf16 model sharded by FSDP2 has fp32 master shards (:mod:`trex.trainer.optim.masters`): they live in host
+memory too and travel in their parameter's bucket like a state; after a bucket's update the bf16 copy FSDP2
+gathers from is refreshed on the device, so the forward never reads a master. Between steps the device then
+keeps, of the parameters and the optimizer, only the bf16 copies of the master shards and the fp32 gradient
+shards; during a step also the bucket buffers. Whatever reads a parameter between steps reads its host
+master, so a step with masters returns once its write-backs have landed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +41,7 @@ from trex.runtime.copy_engine import CopyEngine, CopyHandle, make_copy_engine
 from trex.trainer.config import SwapConfig
 from trex.trainer.model.layers import local_tensor
 from trex.trainer.optim.build import Optimizers
+from trex.trainer.optim.masters import MasterShard, hold_masters
 from trex.trainer.optim.muon import ns_batches
 
 _ALIGN = 64
@@ -49,9 +57,11 @@ class SwapStats:
     exposed_seconds: float = 0.0
     """Time the step waited on copies (transfer time not hidden behind the updates)."""
     host_bytes: int = 0
-    """Optimizer-state bytes held in host memory."""
+    """Optimizer-state and fp32 master bytes held in host memory."""
     buffer_bytes: int = 0
     """Device bytes of the bucket buffers while the step runs (freed after it)."""
+    compute_bytes: int = 0
+    """Device bytes of the bf16 copies of the masters (what FSDP2 gathers from)."""
     buckets: int = 0
     """Buckets the states were moved in."""
 
@@ -64,8 +74,8 @@ class SwapStats:
 
     @property
     def bytes_saved(self) -> int:
-        """Device bytes the states would take minus the buffers that stand in for them."""
-        return max(0, self.host_bytes - self.buffer_bytes)
+        """Device bytes the states and masters would take minus the buffers and bf16 copies standing in for them."""
+        return max(0, self.host_bytes - self.buffer_bytes - self.compute_bytes)
 
 
 @dataclass(frozen=True)
@@ -140,7 +150,7 @@ class SwapOptimizers(Optimizers):
     """:class:`Optimizers` whose states live in host memory and are streamed per bucket in ``step``."""
 
     def __init__(self, inner: Optimizers, *, buffers: int, bucket_bytes: int, engine: CopyEngine,
-                 device_kind: str, prefetch: bool = True) -> None:
+                 device_kind: str, prefetch: bool = True, masters: Sequence[MasterShard] = ()) -> None:
         super().__init__(inner.muon, inner.adamw)
         if buffers < 2:
             raise ValueError(f"optimizer.swap.buffers must be >= 2, got {buffers}")
@@ -149,6 +159,8 @@ class SwapOptimizers(Optimizers):
         self.engine = engine
         self.device_kind = device_kind
         self.pin = device_kind != "cpu"
+        self.masters = {id(m.param): m for m in masters}
+        """The fp32 master shards in host memory, by parameter (none unless FSDP2 shards a bf16 model)."""
         self.buckets = self._plan()
         self.last: SwapStats | None = None
         """The last step's transfers."""
@@ -168,7 +180,7 @@ class SwapOptimizers(Optimizers):
     def _plan(self) -> list[Bucket]:
         """AdamW: consecutive whole parameters up to the bucket size. Muon: consecutive whole Newton-Schulz
         batches (``ns_batches`` per param group), so a bucket's step batches exactly as the step over all
-        parameters does and gives the same bits for any bucket size."""
+        parameters does and gives the same bits for any bucket size. A master counts once more."""
         out: list[Bucket] = []
         for name, opt, factor in (("muon", self.muon, 1), ("adamw", self.adamw, 2)):
             if opt is None:
@@ -178,20 +190,23 @@ class SwapOptimizers(Optimizers):
                 params = list(g["params"])  # global shapes: equal on every rank
                 atoms += ([[params[i] for i in b] for b in ns_batches([p.shape for p in params])] if name == "muon"
                           else [[p] for p in params])
-            sizes = [sum(p.numel() * p.element_size() * factor for p in a) for a in atoms]
+            sizes = [sum(p.numel() * p.element_size() * (factor + (id(p) in self.masters)) for p in a) for a in atoms]
             out.extend(Bucket(name, tuple(p for i in idx for p in atoms[i]))
                        for idx in plan_buckets(sizes, self.bucket_bytes))
         return out
 
     # --- host copies ------------------------------------------------------------------------------
     def _entries(self, bucket: Bucket) -> list[_Entry]:
-        """The bucket's state tensors (those shaped like their parameter's local part) with host copies.
-        A state that is not stored in its host copy (created by the optimizer's first step, or replaced by
-        a checkpoint load) gets one: pinned on accelerators, filled from the state."""
+        """The bucket's masters and state tensors (those shaped like their parameter's local part) with host
+        copies. A state that is not stored in its host copy (created by the optimizer's first step, or
+        replaced by a checkpoint load) gets one: pinned on accelerators, filled from the state."""
         opt = self.muon if bucket.optimizer == "muon" else self.adamw
         assert opt is not None
         out: list[_Entry] = []
         for p in bucket.params:
+            master = self.masters.get(id(p))
+            if master is not None:
+                out.append(_Entry(master.local, master.host_view))
             shape = local_tensor(p).shape
             for key, value in opt.state.get(p, {}).items():
                 if not isinstance(value, torch.Tensor):
@@ -219,6 +234,14 @@ class SwapOptimizers(Optimizers):
             if moved:  # copy-ins started from the old states: start again
                 self._drop_next()
 
+    def restored(self) -> None:
+        """After a checkpoint load: states and masters into their host copies, and the bf16 copies FSDP2
+        gathers from cast from the loaded masters."""
+        self.offload()
+        with torch.no_grad():
+            for m in self.masters.values():
+                m.refresh()
+
     def _drop_next(self) -> None:
         """Forget the prefetched pass once its copies have landed."""
         if self._next is not None:
@@ -227,8 +250,13 @@ class SwapOptimizers(Optimizers):
             self._next = None
 
     def host_bytes(self) -> int:
-        """Bytes of optimizer state held in host memory."""
-        return sum(t.numel() * t.element_size() for t in self._host.values())
+        """Bytes of optimizer state and fp32 masters held in host memory."""
+        states = sum(t.numel() * t.element_size() for t in self._host.values())
+        return states + sum(m.nbytes()[0] for m in self.masters.values())
+
+    def compute_bytes(self) -> int:
+        """Device bytes of the bf16 copies of the masters."""
+        return sum(m.nbytes()[1] for m in self.masters.values())
 
     def settle(self) -> tuple[float, float]:
         """Wait for the last step's outstanding write-backs: (seconds waited, their copy seconds)."""
@@ -247,6 +275,21 @@ class SwapOptimizers(Optimizers):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+    @contextlib.contextmanager
+    def masters_on_device(self) -> Iterator[None]:
+        """The master shards stored on the device for the duration (for gathering whole parameters, which
+        a device backend cannot do from host memory); back in their host copies afterwards."""
+        self.settle()
+        with torch.no_grad():
+            for m in self.masters.values():
+                m.local.data = m.host_view.to(m.compute.device)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for m in self.masters.values():
+                    m.local.data = m.host_view
 
     def all(self) -> list[torch.optim.Optimizer]:
         """Both optimizers, their states current in host memory (outstanding write-backs waited for)."""
@@ -286,6 +329,10 @@ class SwapOptimizers(Optimizers):
             stats = self._step()
             stats.exposed_seconds += waited
             stats.copy_seconds += copied
+            if self.masters:  # whatever reads a parameter between steps reads its host master: let it land
+                waited, copied = self.settle()
+                stats.exposed_seconds += waited
+                stats.copy_seconds += copied
             self.last = stats
         self._armed = self.prefetching
 
@@ -335,6 +382,9 @@ class SwapOptimizers(Optimizers):
             for e, v in zip(flight.entries, flight.views, strict=True):
                 e.state.data = v
             self._step_bucket(bucket)
+            for p in bucket.params:
+                if id(p) in self.masters:
+                    self.masters[id(p)].refresh()  # on the device, queued before the write-back
             written = self._entries(bucket)  # includes states the first step just created
             back = self.engine.copy_many([(e.host, e.state.data) for e in written], to_host=True)
             for e in written:
@@ -347,6 +397,7 @@ class SwapOptimizers(Optimizers):
         stats.copy_seconds = sum(h.seconds() for h, d in zip(run.handles, landed, strict=True) if d)
         stats.host_bytes = self.host_bytes()
         stats.buffer_bytes = run.buffer_bytes
+        stats.compute_bytes = self.compute_bytes()
         return stats
 
     def _await_copy_in(self, handle: CopyHandle) -> None:
@@ -380,13 +431,15 @@ class SwapOptimizers(Optimizers):
 
 
 def with_swap(opts: Optimizers, cfg: SwapConfig, device_kind: str, engine: CopyEngine | None = None,
-              bucket_bytes: int | None = None) -> Optimizers:
+              bucket_bytes: int | None = None, model: torch.nn.Module | None = None) -> Optimizers:
     """``opts`` itself when optimizer.swap is off, else a :class:`SwapOptimizers` around it (the device's copy
-    engine and bucketMb unless ``engine`` or ``bucket_bytes`` are given)."""
+    engine and bucketMb unless ``engine`` or ``bucket_bytes`` are given) holding ``model``'s fp32 master
+    shards in host memory too (those of a bf16 model FSDP2 shards; see :func:`hold_masters`)."""
     if not cfg.enabled:
         return opts
+    masters = hold_masters(model, pin=device_kind != "cpu") if model is not None else []
     return SwapOptimizers(opts, buffers=cfg.buffers, bucket_bytes=bucket_bytes or cfg.bucket_mb * 2**20,
-                          engine=engine or make_copy_engine(device_kind), device_kind=device_kind)
+                          engine=engine or make_copy_engine(device_kind), device_kind=device_kind, masters=masters)
 
 
 def summary(steps: Sequence[SwapStats]) -> dict[str, float | int]:

@@ -1,0 +1,184 @@
+"""fp32 master shards in host memory for a bf16 model at dp2 (spawn, gloo; FSDP2 gathers the masters in bf16).
+
+With optimizer.swap the masters live in host memory between steps (FSDP2's sharded data is the host copy; the
+device keeps only a bf16 copy, which is exactly the master cast to bf16), and after 5 steps every parameter
+and every Muon/AdamW state equals the run without swap bit for bit; small buckets on a simulated link with
+random per-copy delays equal the same buckets stepped in place; checkpoint at step 3 + resume equals the
+uninterrupted run. With updates far below bf16's resolution the fp32 masters accumulate them as the fp32
+model does, where a pure bf16 model (one process) rounds every one of them away.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import trex.trainer.build as build_mod
+from optimizer_states import assert_identical
+from trex.config_base import load_section
+from trex.runtime.copy_engine import LatencyCopyEngine
+from trex.trainer.config import TrainerConfig
+from trex.trainer.loop import Trainer
+from trex.trainer.optim import swap
+from trex.trainer.optim.swap import SwapOptimizers
+
+STEPS = 5
+BUCKET = 24 * 1024
+TINY_LR = {"muon": {"lr": 1e-4}, "adamw": {"lr": 1e-4}}
+"""Updates of about 1e-4 per step: below half a bf16 ulp of a norm weight at 1.0 (2^-8)."""
+
+
+def _cfg(root: Path, dtype: str, enabled: bool, interval: int = 100, lr: dict[str, Any] | None = None
+         ) -> TrainerConfig:
+    return load_section(TrainerConfig, {
+        "model": {"preset": "tiny", "dtype": dtype}, "maxSteps": STEPS,
+        "data": {"seqLen": 16, "microBatchSize": 1, "globalBatchSize": 2},
+        "optimizer": {"schedule": {"warmupSteps": 1}, "swap": {"enabled": enabled}, **(lr or {})},
+        "stability": {"enabled": False},
+        "checkpoint": {"dir": str(root / "ckpt"), "intervalSteps": interval, "exportHf": False},
+    })
+
+
+class _InPlace(SwapOptimizers):
+    """The swap optimizer's buckets stepped where the states are (no copies; masters stay on the device)."""
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for bucket in self.buckets:
+                self._step_bucket(bucket)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    full = getattr(t, "full_tensor", None)
+    return (full() if callable(full) else t).detach().cpu().clone()
+
+
+def _states(tr: Trainer) -> dict[str, torch.Tensor]:
+    """Parameters and optimizer states as full tensors (a collective: the same order on every rank)."""
+    opts = tr.opts.all()  # waits for outstanding write-backs
+    names = {id(p): n for n, p in tr.model.named_parameters()}
+    out = {f"param.{n}": _full(p) for n, p in tr.model.named_parameters()}
+    for opt in opts:
+        for p in [p for g in opt.param_groups for p in g["params"]]:
+            for key, val in sorted(opt.state[p].items()):
+                if isinstance(val, torch.Tensor) and val.ndim > 0:
+                    out[f"{names[id(p)]}.{key}"] = _full(val)
+    return out
+
+
+def _where(tr: Trainer) -> dict[str, Any]:
+    """Where this rank's masters are between steps, checked against FSDP2's own records."""
+    from trex.trainer.optim.masters import master_params
+
+    assert isinstance(tr.opts, SwapOptimizers)
+    masters = list(tr.opts.masters.values())
+    records = {id(fp.sharded_param): fp for fp in master_params(tr.model)}
+    dense = [p for p in tr.model.parameters() if p.requires_grad]
+    return {
+        "count": len(masters), "params": len(dense), "records": len(records),
+        "fp32": all(m.local.dtype == torch.float32 for m in masters),
+        "in_host_copy": all(m.local.data_ptr() == m.host_view.data_ptr() for m in masters),
+        "fsdp_data_is_host": all(records[id(m.param)]._sharded_param_data.data_ptr() == m.host.data_ptr()
+                                 for m in masters),
+        "bf16_copy_is_cast": all(m.compute.dtype == torch.bfloat16
+                                 and torch.equal(m.compute, m.host.to(torch.bfloat16)) for m in masters),
+        "pinned_on_cpu": all(not m.host.is_pinned() for m in masters),
+        "bytes": tr.opts.last.host_bytes if tr.opts.last else 0,
+        "compute_bytes": tr.opts.compute_bytes(),
+    }
+
+
+def _worker(rank: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    original = build_mod.with_swap
+    try:
+        def run(variant: str, cfg: TrainerConfig, root: Path, steps: int = STEPS) -> Trainer:
+            tr = Trainer(cfg, root, group=dist.group.WORLD, measure_peak=False, log=lambda _m: None)
+            tr.run(steps)
+            return tr
+
+        base = Path(out)
+        results: dict[str, Any] = {}
+        results["off"] = _states(run("off", _cfg(base / "off", "bf16", False), base / "off"))
+        on = run("on", _cfg(base / "on", "bf16", True), base / "on")
+        results["where"] = _where(on)
+        results["on"] = _states(on)
+        build_mod.with_swap = lambda o, c, k, **kw: swap.with_swap(  # type: ignore[assignment]
+            o, c, k, engine=LatencyCopyEngine(2.0, jitter=2e-3, seed=rank), bucket_bytes=BUCKET, **kw)
+        results["small"] = _states(run("small", _cfg(base / "small", "bf16", True), base / "small"))
+        first = run("first", _cfg(base / "resume", "bf16", True, interval=3), base / "resume", steps=3)
+        assert first.last_checkpoint == 3
+        second = run("second", _cfg(base / "resume", "bf16", True, interval=3), base / "resume")
+        assert second.step == STEPS
+        results["resumed"] = _states(second)
+        build_mod.with_swap = lambda o, c, k, **kw: _InPlace(  # type: ignore[assignment]
+            o, buffers=2, bucket_bytes=BUCKET, engine=LatencyCopyEngine(1.0), device_kind=k)
+        results["in-place"] = _states(run("in-place", _cfg(base / "in-place", "bf16", True), base / "in-place"))
+        build_mod.with_swap = original
+        results["tiny"] = _states(run("tiny", _cfg(base / "tiny", "bf16", True, lr=TINY_LR), base / "tiny"))
+        if rank == 0:
+            torch.save(results, base / "results.pt")
+    finally:
+        build_mod.with_swap = original
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("masters")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_worker, args=(str(out),), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    results: dict[str, Any] = torch.load(out / "results.pt")
+    return results
+
+
+@pytest.mark.slow
+def test_masters_are_fp32_in_host_memory_between_steps(runs: dict[str, Any]) -> None:
+    w = runs["where"]
+    assert w["count"] == w["records"] == w["params"] > 0  # dp2: every parameter is an FSDP2 master shard
+    assert w["fp32"] and w["in_host_copy"] and w["fsdp_data_is_host"] and w["bf16_copy_is_cast"]
+    assert w["pinned_on_cpu"]  # plain host memory on CPU (pinned on accelerators)
+    assert w["compute_bytes"] > 0 and w["bytes"] > 2 * w["compute_bytes"]  # masters (4 B) + states in host
+
+
+@pytest.mark.slow
+def test_swap_with_masters_is_bit_identical_at_dp2(runs: dict[str, Any]) -> None:
+    assert_identical(runs["off"], runs["on"])
+    assert_identical(runs["in-place"], runs["small"])
+    assert_identical(runs["on"], runs["resumed"])
+    assert all(v.dtype == torch.float32 for k, v in runs["on"].items() if k.startswith("param."))
+
+
+@pytest.mark.slow
+def test_fp32_masters_keep_updates_that_bf16_rounds_away(runs: dict[str, Any], tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    finals: dict[str, dict[str, torch.Tensor]] = {}
+    inits: dict[str, dict[str, torch.Tensor]] = {}
+    for dtype in ("fp32", "bf16"):
+        tr = Trainer(_cfg(tmp_path / dtype, dtype, True, lr=TINY_LR), tmp_path / dtype, measure_peak=False,
+                     log=lambda _m: None)
+        inits[dtype] = {n: p.detach().double().clone() for n, p in tr.model.named_parameters()}
+        tr.run(STEPS)
+        finals[dtype] = {n: p.detach().double().clone() for n, p in tr.model.named_parameters()}
+    masters = {k.removeprefix("param."): v.double() for k, v in runs["tiny"].items() if k.startswith("param.")}
+    norms = [n for n in inits["fp32"] if n.endswith("norm.weight")]  # AdamW, initialised to 1.0
+    assert norms
+    for n in norms:
+        assert torch.equal(finals["bf16"][n], inits["bf16"][n]), n  # pure bf16: every update rounded away
+
+    def err(final: dict[str, torch.Tensor], init: dict[str, torch.Tensor], names: list[str]) -> float:
+        """Squared distance of the run's updates from the fp32 model's (from each run's own start)."""
+        return sum(float((final[n] - init[n] - finals["fp32"][n] + inits["fp32"][n]).square().sum()) for n in names)
+
+    every = list(inits["fp32"])
+    assert err(inits["fp32"], inits["fp32"], every) > 0  # the fp32 model's updates themselves: not nothing
+    # the masters (starting from the fp32 model's weights) keep the norm weights' updates to within 1 %...
+    assert err(masters, inits["fp32"], norms) < 1e-2 * err(inits["fp32"], inits["fp32"], norms)
+    # ...and over all parameters they are much closer to the fp32 model than pure bf16 updates are
+    assert err(masters, inits["fp32"], every) < 0.5 * err(finals["bf16"], inits["bf16"], every)
