@@ -73,12 +73,15 @@ def _states(tr: Trainer) -> dict[str, torch.Tensor]:
 
 def _where(tr: Trainer) -> dict[str, Any]:
     """Where this rank's masters are between steps, checked against FSDP2's own records."""
+    from trex.trainer.mfu import DEVICES
     from trex.trainer.optim.masters import master_params
+    from trex.trainer.plan import plan_memory
 
     assert isinstance(tr.opts, SwapOptimizers)
     masters = list(tr.opts.masters.values())
     records = {id(fp.sharded_param): fp for fp in master_params(tr.model)}
     dense = [p for p in tr.model.parameters() if p.requires_grad]
+    planned = plan_memory(tr.cfg, 2, DEVICES["cpu"], capacity=1 << 40)
     return {
         "count": len(masters), "params": len(dense), "records": len(records),
         "fp32": all(m.local.dtype == torch.float32 for m in masters),
@@ -90,6 +93,8 @@ def _where(tr: Trainer) -> dict[str, Any]:
         "pinned_on_cpu": all(not m.host.is_pinned() for m in masters),
         "bytes": tr.opts.last.host_bytes if tr.opts.last else 0,
         "compute_bytes": tr.opts.compute_bytes(),
+        "master_bytes": sum(m.nbytes()[0] for m in masters),
+        "planned": {k: int(getattr(planned, k)) for k in ("masters", "params", "device_params")},
     }
 
 
@@ -145,6 +150,9 @@ def test_masters_are_fp32_in_host_memory_between_steps(runs: dict[str, Any]) -> 
     assert w["fp32"] and w["in_host_copy"] and w["fsdp_data_is_host"] and w["bf16_copy_is_cast"]
     assert w["pinned_on_cpu"]  # plain host memory on CPU (pinned on accelerators)
     assert w["compute_bytes"] > 0 and w["bytes"] > 2 * w["compute_bytes"]  # masters (4 B) + states in host
+    # the memory plan counts the same padded shards: fp32 masters in host memory, bf16 copies on the device
+    assert w["planned"]["masters"] == w["master_bytes"] == 2 * w["compute_bytes"]
+    assert w["planned"]["device_params"] == w["planned"]["params"] - w["compute_bytes"]
 
 
 @pytest.mark.slow

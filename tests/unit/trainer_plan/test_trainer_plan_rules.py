@@ -46,7 +46,7 @@ def test_memory_rule_names_the_numbers_the_device_and_what_to_change() -> None:
     assert not plan.fits and with_swap(plan, True).fits
     [line] = _problems(_flash())
     assert line.startswith("spec.trainer.parallelism: needs 66.3 GiB per device; Ascend 910B has 64 GiB: ")
-    assert "or enable optimizer.swap (brings it to 58.3 GiB)" in line
+    assert "or enable optimizer.swap (brings it to 54 GiB)" in line
     # the same job on 141 GB H200s fits
     assert _problems({**_flash(), "deviceType": "gpu", "deviceModel": "h200"}) == []
 
@@ -71,8 +71,16 @@ def test_recompute_shrinks_the_planned_activations_and_swap_the_states() -> None
     assert full.activations < sel.activations < none.activations
     assert (none.params, none.grads, none.muon_state) == (full.params, full.grads, full.muon_state)
     swapped = plan(optimizer={"swap": {"enabled": True, "buffers": 3, "bucketMb": 64}})
-    assert swapped.persistent == none.persistent - none.muon_state - none.adamw_state + swapped.swap_buffers
+    # bf16 at 128 ranks: FSDP2 shards every parameter (edp 2), so every parameter shard is an fp32 master, and
+    # swap keeps a bf16 copy of it on the device instead
+    assert swapped.masters == none.masters == none.params and swapped.device_params == none.params // 2
+    assert swapped.persistent == (none.persistent - none.muon_state - none.adamw_state - none.params // 2
+                                  + swapped.swap_buffers)
+    assert swapped.swap_saved == none.muon_state + none.adamw_state + none.params // 2 - swapped.swap_buffers
     assert swapped.swap_buffers >= 3 * 64 * 2**20
+    one = plan_memory(load_section(TrainerConfig, _flash(optimizer={"swap": {"enabled": True}})["trainer"]), 1,
+                      DEVICES["910b"])
+    assert one.masters == 0 and one.device_params == one.params  # one process: bf16 throughout, no masters
 
 
 def test_pp_and_what_opd_cannot_run_are_rejected_before_any_pod() -> None:
@@ -101,7 +109,7 @@ def test_device_model_and_cpu_memory_limits() -> None:
 def test_trex_plan_tables_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert plan_main([str(REPO / "examples" / "trainjob-v4-flash-npu.yaml")]) == 0
     out = capsys.readouterr().out
-    assert "512 x Ascend 910C die" in out and "parameters (fp32 masters)" in out and "fit: yes" in out
+    assert "512 x Ascend 910C die" in out and "parameters (bf16 copies; 2.12 GiB fp32 masters in host memory)  " in out and "fit: yes" in out
     assert plan_main([str(REPO / "examples" / "invalid" / "16-out-of-memory.yaml")]) == 1
     out = capsys.readouterr().out
     assert "fit: no" in out and "problem: parallelism: needs" in out

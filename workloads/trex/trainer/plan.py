@@ -25,7 +25,8 @@ block's activations for the backward, selective recomputes the attention and the
 their inputs, plus one layer's recompute at a time), full keeps only each block's input (plus one block).
 With optimizer.swap the optimizer states are in host memory and the device holds ``buffers`` bucket
 buffers of the largest bucket (bucketMb, or the largest single parameter's states or Newton-Schulz batch's
-momentum when that is larger).
+momentum when that is larger). For a bf16 model the fp32 masters of the parameters FSDP2 shards move to
+host memory as well, and the device keeps a bf16 copy of each master shard (what FSDP2 gathers).
 """
 
 from __future__ import annotations
@@ -227,6 +228,9 @@ class MemoryPlan:
     """Optimizer states in host memory (optimizer.swap): states are not on the device, its buffers are."""
     swap_buffers: int
     """Device buffers of the swap optimizer (buffers x the largest bucket)."""
+    masters: int
+    """Bytes of fp32 master shards (the parameters FSDP2 shards of a bf16 model; 0 otherwise), part of
+    ``params``: with swap they are in host memory and the device holds bf16 copies, half their size."""
     device: DeviceSku
     """The device planned against."""
     capacity: int | None
@@ -235,10 +239,23 @@ class MemoryPlan:
     """Ranks of the run."""
 
     @property
+    def device_params(self) -> int:
+        """Parameter bytes on the device: with swap, the masters' bf16 copies stand in for the masters."""
+        return self.params - self.masters // 2 if self.swap else self.params
+
+    @property
+    def swap_saved(self) -> int:
+        """Device bytes optimizer.swap saves: the states and the masters minus the buffers and bf16 copies
+        (0 when the buffers are the larger, as SwapStats counts it)."""
+        if not self.swap:
+            return 0
+        return max(0, self.params - self.device_params + self.muon_state + self.adamw_state - self.swap_buffers)
+
+    @property
     def persistent(self) -> int:
         """Held for the whole run."""
         states = self.swap_buffers if self.swap else self.muon_state + self.adamw_state
-        return self.params + self.grads + states + self.buffers
+        return self.device_params + self.grads + states + self.buffers
 
     @property
     def total(self) -> int:
@@ -359,17 +376,27 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         else:  # owner: send + receive buffers of the matrices this rank owns (balanced)
             opt += 2 * full // max(lay.dp_shard, 1)
     swap = cfg.optimizer.swap
-    # a swap bucket is at least one parameter's states, or one Newton-Schulz batch's momentum
-    largest_state = max([local[p.name] * store * (1 if p.role == "muon" else 2) for p in c.params]
-                        + [_largest_bucket(c.params, lay) * store])
+    # fp32 masters: the parameters of a bf16 model that FSDP2 shards (it gathers them in bf16)
+    held = {p.name for p in c.params if sharded and cfg.model.dtype == "bf16" and _fsdp_ranks(p, lay) > 1}
+    # a swap bucket is at least one parameter's states (and master), or one Newton-Schulz batch's momentum
+    # (and masters)
+    largest_state = max([local[p.name] * store * ((1 if p.role == "muon" else 2) + (p.name in held))
+                         for p in c.params]
+                        + [_largest_bucket(c.params, lay) * store * (2 if held else 1)])
     return MemoryPlan(
         params=n_params * store, grads=n_params * store, muon_state=muon * store, adamw_state=2 * adamw * store,
         buffers=c.buffer_bytes, activations=activation_bytes(values, lay, cfg.data.micro_batch_size, seq, act,
                                      attention_probs=device.device_type == "cpu", recompute=cfg.recompute),
         recompute=cfg.recompute, fsdp_gather=gather, comm_buffers=comm, optimizer_transient=opt, swap=swap.enabled,
-        swap_buffers=swap.buffers * max(swap.bucket_mb * 2**20, largest_state), device=device,
+        swap_buffers=swap.buffers * max(swap.bucket_mb * 2**20, largest_state),
+        masters=sum(local[n] for n in held) * store, device=device,
         capacity=device.memory_bytes if capacity is None else capacity, world=world,
     )
+
+
+def _fsdp_ranks(p: ParamInfo, lay: Layout) -> int:
+    """Ranks of the FSDP2 mesh that holds ``p`` (1: FSDP2 leaves it alone)."""
+    return {"experts": lay.edp, "moe": lay.dp * lay.tp}.get(p.placement, lay.dp)
 
 
 def _largest_bucket(params: Iterable[ParamInfo], lay: Layout) -> int:

@@ -76,15 +76,18 @@ def rows(plan: Any) -> list[tuple[str, str]]:
     from trex.trainer.plan import gib
 
     master = " (fp32 masters)" if plan.world > 1 else ""
+    if plan.swap and plan.masters:
+        master = f" (bf16 copies; {gib(plan.masters)} fp32 masters in host memory)"
     states = "in host memory (swap)" if plan.swap else None
     out = [
-        (f"parameters{master}", gib(plan.params)),
+        (f"parameters{master}", gib(plan.device_params)),
         ("gradients", gib(plan.grads)),
         ("Muon state", states or gib(plan.muon_state)),
         ("AdamW state", states or gib(plan.adamw_state)),
     ]
     if plan.swap:
         out.append(("swap buffers", gib(plan.swap_buffers)))
+        out.append(("device bytes saved by swap", gib(plan.swap_saved)))
     out += [
         ("buffers", gib(plan.buffers)),
         (f"activations (one micro-batch, recompute {plan.recompute})", gib(plan.activations)),
