@@ -110,10 +110,12 @@ def _worker(rank: int, out: str) -> None:
 
         base = Path(out)
         results: dict[str, Any] = {}
-        results["off"] = _states(run("off", _cfg(base / "off", "bf16", False), base / "off"))
+        off = run("off", _cfg(base / "off", "bf16", False), base / "off")
+        results["off"], results["off-export"] = _states(off), off.full_state_dict()
         on = run("on", _cfg(base / "on", "bf16", True), base / "on")
         results["where"] = _where(on)
-        results["on"] = _states(on)
+        results["on"], results["on-export"] = _states(on), on.full_state_dict()
+        results["where-after-export"] = _where(on)
         build_mod.with_swap = lambda o, c, k, **kw: swap.with_swap(  # type: ignore[assignment]
             o, c, k, engine=LatencyCopyEngine(2.0, jitter=2e-3, seed=rank), bucket_bytes=BUCKET, **kw)
         results["small"] = _states(run("small", _cfg(base / "small", "bf16", True), base / "small"))
@@ -158,6 +160,10 @@ def test_masters_are_fp32_in_host_memory_between_steps(runs: dict[str, Any]) -> 
 @pytest.mark.slow
 def test_swap_with_masters_is_bit_identical_at_dp2(runs: dict[str, Any]) -> None:
     assert_identical(runs["off"], runs["on"])
+    # the Hugging Face export's full state dict gathers the masters from the device and leaves them in host
+    assert runs["off-export"] and sorted(runs["off-export"]) == sorted(runs["on-export"])
+    assert all(torch.equal(v, runs["on-export"][k]) for k, v in runs["off-export"].items())
+    assert runs["where-after-export"]["in_host_copy"]
     assert_identical(runs["in-place"], runs["small"])
     assert_identical(runs["on"], runs["resumed"])
     assert all(v.dtype == torch.float32 for k, v in runs["on"].items() if k.startswith("param."))
