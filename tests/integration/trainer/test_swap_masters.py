@@ -196,3 +196,50 @@ def test_fp32_masters_keep_updates_that_bf16_rounds_away(runs: dict[str, Any], t
     assert err(masters, inits["fp32"], norms) < 1e-2 * err(inits["fp32"], inits["fp32"], norms)
     # ...and over all parameters they are much closer to the fp32 model than pure bf16 updates are
     assert err(masters, inits["fp32"], every) < 0.5 * err(finals["bf16"], inits["bf16"], every)
+
+
+def _toy_worker(rank: int, out: str) -> None:
+    """A toy model whose shards are uneven at 2 ranks (3 rows: 2 + 1; 1 row: 1 + 0), FSDP2 in bf16 over fp32
+    shards, AdamW through the swap optimizer with and without the masters in host memory."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from trex.trainer.optim.build import Optimizers
+    from trex.trainer.optim.masters import hold_masters
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-toy", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        finals = []
+        for masters in (False, True):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1), torch.nn.Linear(1, 4))
+            fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                         reduce_dtype=torch.float32))
+            adamw = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            held = hold_masters(model, pin=False) if masters else []
+            assert len(held) == (6 if masters else 0)
+            opts = SwapOptimizers(Optimizers(None, adamw), buffers=2, bucket_bytes=64, device_kind="cpu",
+                                  engine=LatencyCopyEngine(1.0, jitter=1e-3, seed=rank), masters=held)
+            for step in range(STEPS):
+                x = torch.randn(4, 5, generator=torch.Generator().manual_seed(10 * step + rank))
+                model(x).float().square().mean().backward()
+                opts.step()
+                opts.zero_grad()
+            opts.close()
+            finals.append({n: _full(p) for n, p in model.named_parameters()}
+                          | {f"{n}.{k}": _full(v) for n, p in model.named_parameters()
+                             for k, v in adamw.state[p].items() if k != "step"})
+        if rank == 0:
+            torch.save(finals, Path(out) / "toy.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_uneven_shards_gather_and_update_as_without_masters(tmp_path: Path) -> None:
+    mp.spawn(_toy_worker, args=(str(tmp_path),), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    without, held = torch.load(tmp_path / "toy.pt")
+    assert sorted(without) == sorted(held) and any(k.endswith("exp_avg_sq") for k in held)
+    for k, v in without.items():
+        assert v.dtype == torch.float32 and torch.equal(v, held[k]), k
