@@ -1,5 +1,6 @@
 """The swap optimizer at 2 ranks (spawn, gloo): dp2 (FSDP2 shards, distributed Muon's owner exchange) and ep2
-(expert stacks sharded on the expert dimension), fp32 and bf16 models. After 5 steps every parameter and
+(expert stacks sharded on the expert dimension), fp32 and bf16 models (ep2's bf16 dense parameters, which FSDP2
+shards over 2 ranks, have their fp32 masters in host memory). After 5 steps every parameter and
 every Muon/AdamW state equals the run without swap bit for bit (one bucket per optimizer), and with small
 buckets on a simulated link with random per-copy delays equals the same buckets stepped in place. Activation
 recompute (full on dp2, selective on ep2: the dispatch all-to-alls run again in the backward) equals the run

@@ -269,7 +269,9 @@ class SwapOptimizers(Optimizers):
         return waited, copied
 
     def close(self) -> None:
-        """Wait for every copy and remove the gradient hooks (the parameters outlive this wrapper)."""
+        """Wait for every copy and remove the gradient hooks (the parameters outlive this wrapper). Masters stay
+        in host memory, so the model keeps training only through this wrapper's steps (which refresh the bf16
+        copies FSDP2 gathers)."""
         self.settle()
         self._drop_next()
         for hook in self._hooks:
