@@ -4,7 +4,7 @@ With optimizer.swap the masters live in host memory between steps (FSDP2's shard
 device keeps only a bf16 copy, which is exactly the master cast to bf16), and after 5 steps every parameter
 and every Muon/AdamW state equals the run without swap bit for bit; small buckets on a simulated link with
 random per-copy delays equal the same buckets stepped in place; checkpoint at step 3 + resume equals the
-uninterrupted run. With updates far below bf16's resolution the fp32 masters accumulate them as the fp32
+uninterrupted run, and so does initialisation from a Hugging Face folder with and without swap. With updates far below bf16's resolution the fp32 masters accumulate them as the fp32
 model does, where a pure bf16 model (one process) rounds every one of them away.
 """
 
@@ -33,14 +33,15 @@ TINY_LR = {"muon": {"lr": 1e-4}, "adamw": {"lr": 1e-4}}
 """Updates of about 1e-4 per step: below half a bf16 ulp of a norm weight at 1.0 (2^-8)."""
 
 
-def _cfg(root: Path, dtype: str, enabled: bool, interval: int = 100, lr: dict[str, Any] | None = None
-         ) -> TrainerConfig:
+def _cfg(root: Path, dtype: str, enabled: bool, interval: int = 100, lr: dict[str, Any] | None = None,
+         hf: Path | None = None) -> TrainerConfig:
+    ckpt: dict[str, Any] = {"initFromHf": str(hf)} if hf is not None else {}
     return load_section(TrainerConfig, {
         "model": {"preset": "tiny", "dtype": dtype}, "maxSteps": STEPS,
         "data": {"seqLen": 16, "microBatchSize": 1, "globalBatchSize": 2},
         "optimizer": {"schedule": {"warmupSteps": 1}, "swap": {"enabled": enabled}, **(lr or {})},
         "stability": {"enabled": False},
-        "checkpoint": {"dir": str(root / "ckpt"), "intervalSteps": interval, "exportHf": False},
+        "checkpoint": {"dir": str(root / "ckpt"), "intervalSteps": interval, "exportHf": False, **ckpt},
     })
 
 
@@ -128,6 +129,9 @@ def _worker(rank: int, out: str) -> None:
             o, buffers=2, bucket_bytes=BUCKET, engine=LatencyCopyEngine(1.0), device_kind=k)
         results["in-place"] = _states(run("in-place", _cfg(base / "in-place", "bf16", True), base / "in-place"))
         build_mod.with_swap = original
+        for enabled in (False, True):  # weights from a Hugging Face folder (another seed) loaded into the masters
+            name = f"hf-{'on' if enabled else 'off'}"
+            results[name] = _states(run(name, _cfg(base / name, "bf16", enabled, hf=base / "hf"), base / name))
         results["tiny"] = _states(run("tiny", _cfg(base / "tiny", "bf16", True, lr=TINY_LR), base / "tiny"))
         if rank == 0:
             torch.save(results, base / "results.pt")
@@ -138,7 +142,11 @@ def _worker(rank: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from trex.trainer.hf import save_hf
+    from trex.trainer.model import build_model
+
     out = tmp_path_factory.mktemp("masters")
+    save_hf(build_model(_cfg(out, "bf16", True).model, seed=123), out / "hf")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_worker, args=(str(out),), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
     results: dict[str, Any] = torch.load(out / "results.pt")
@@ -166,6 +174,8 @@ def test_swap_with_masters_is_bit_identical_at_dp2(runs: dict[str, Any]) -> None
     assert runs["where-after-export"]["in_host_copy"]
     assert_identical(runs["in-place"], runs["small"])
     assert_identical(runs["on"], runs["resumed"])
+    assert_identical(runs["hf-off"], runs["hf-on"])
+    assert not torch.equal(runs["hf-on"]["param.lm_head.weight"], runs["on"]["param.lm_head.weight"])
     assert all(v.dtype == torch.float32 for k, v in runs["on"].items() if k.startswith("param."))
 
 

@@ -660,6 +660,8 @@ class Trainer:
 
                 state: dict[str, Any] = dict(hf_state_for(self.model, cfg.checkpoint.init_from_hf))  # type: ignore[arg-type]
                 set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+            if isinstance(self.opts, SwapOptimizers):
+                self.opts.restored()  # masters loaded in host memory: cast their bf16 copies
             self.log(f"initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
 
     def _reference(self) -> nn.Module:
