@@ -13,6 +13,10 @@ parameter's states and refreshes the bf16 copy from the updated master before wr
 
 One process has no masters: a bf16 model there is bf16 throughout (parameters, gradients, states), and the
 swap optimizer moves its states only.
+
+FSDP2 keeps its per-parameter records (``FSDPParam``: the padded sharded data, the mixed-precision policy,
+the extension lookup) private; this module reads and sets those of the torch it runs with and says so
+plainly when they are missing, rather than training on a layout it does not know.
 """
 
 from __future__ import annotations
@@ -60,14 +64,23 @@ def master_params(model: nn.Module) -> list[Any]:
     for mod in model.modules():
         if not isinstance(mod, FSDPModule):
             continue
-        group = mod._get_fsdp_state()._fsdp_param_group
+        group = getattr(mod._get_fsdp_state(), "_fsdp_param_group", None)
         if group is None:
             continue
         for fp in group.fsdp_params:
+            missing = [a for a in _FSDP_PARAM_ATTRS if not hasattr(fp, a)]
+            if missing:
+                raise RuntimeError(f"optimizer.swap: torch {torch.__version__}'s FSDP2 parameter records lack "
+                                   f"{missing}; the fp32 masters cannot move to host memory with this torch")
             compute = fp.mp_policy.param_dtype
             if fp.sharded_param.dtype == torch.float32 and compute is not None and compute != torch.float32:
                 out.append(fp)
     return out
+
+
+_FSDP_PARAM_ATTRS = ("sharded_param", "mp_policy", "offload_to_cpu", "fsdp_placement", "padded_sharded_param_size",
+                     "_sharded_param_data", "_init_extensions")
+"""What :func:`hold_masters` reads and sets on FSDP2's ``FSDPParam``."""
 
 
 def hold_masters(model: nn.Module, pin: bool) -> list[MasterShard]:
