@@ -698,12 +698,32 @@ GRPO_NEEDS_PROMPTS = ("mode 'grpo' needs prompts with ground truths: an ORDataJo
 OPD_NEEDS_PROMPTS = "mode 'opd' needs prompts: an ORDataJob's prompts rendering (dataFrom) or a benchmark file"
 
 
-def opd_world_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
-    """mode opd runs in one process: rollouts, teacher pass and student pass on one device."""
-    if cfg.mode == "opd" and world_size != 1:
-        return [("mode", f"'opd' (on-policy distillation) runs in one process; the job has {world_size} "
-                 "(set replicas and devicesPerReplica to 1)")]
-    return []
+def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
+    """What the sampling modes (grpo, opd) need of the layout: whole prompts on every data-parallel rank; for opd
+    under tp, a batch of responses the MoE layers can split over the tp ranks and a vocabulary the KL can shard."""
+    p = cfg.parallelism
+    if cfg.mode not in ("grpo", "opd") or world_size % (p.tp * p.pp):  # the last: parallelism_problems says it
+        return []
+    dp = world_size // (p.tp * p.pp)
+    section, prompts, samples = (("grpo", cfg.grpo.prompts_per_step, cfg.grpo.group_size) if cfg.mode == "grpo"
+                                 else ("opd", cfg.opd.prompts_per_step, cfg.opd.samples_per_prompt))
+    if prompts % dp:
+        return [(f"{section}.promptsPerStep", f"{prompts} is not a multiple of the {dp} data-parallel rank(s) "
+                 "(each rank samples whole prompts)")]
+    out: list[tuple[str, str]] = []
+    if cfg.mode == "opd" and p.tp > 1:
+        m = resolved_model_values(cfg.model)
+        has_moe = int(str(m["num_layers"])) > int(str(m["n_dense_layers"]))
+        per_rank = prompts // dp * samples
+        if has_moe and per_rank % p.tp:
+            out.append(("opd.samplesPerPrompt", f"each data-parallel rank trains on promptsPerStep / dp x "
+                        f"samplesPerPrompt = {per_rank} responses, not a multiple of tp={p.tp} (the MoE layers "
+                        "split a batch's sequences over the tp ranks)"))
+        vocab = int(str(m["vocab_size"]))
+        if vocab % p.tp:
+            out.append(("parallelism.tp", f"tp={p.tp} does not divide the vocabulary {vocab} (mode opd's KL shards "
+                        "the vocabulary over tp)"))
+    return out
 
 
 def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None = None,
@@ -713,7 +733,7 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     (support_problems), and the memory plan fits ``device`` (``capacity`` bytes per process, default the
     device's memory; no device or an unknown capacity: not checked), with the optimizer states in host
     memory when optimizer.swap is on. Returns (field path, message) pairs; empty means valid."""
-    out = parallelism_problems(cfg, world_size) + support_problems(cfg) + opd_world_problems(cfg, world_size)
+    out = parallelism_problems(cfg, world_size) + support_problems(cfg) + rl_layout_problems(cfg, world_size)
     if out or device is None or (capacity is None and device.memory_bytes is None):
         return out
     from trex.trainer.plan import gib, plan_memory, with_swap
