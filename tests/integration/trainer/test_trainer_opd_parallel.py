@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from trex.config_base import load_section
 from trex.trainer.config import TrainerConfig, job_problems
 from trex.trainer.hf import save_hf
-from trex.trainer.loop import Trainer
+from trex.trainer.loop import ConfigProblem, Trainer
 from trex.trainer.model import build_model
 
 MODEL = {"preset": "tiny", "dtype": "fp64", "overrides": {"numLayers": 1, "mtpDepth": 0, "maxSeqLen": 256}}
@@ -74,6 +74,17 @@ def _worker(rank: int, world: int, out: str) -> None:
                 summary["teacher_local"] = local
             if rank == 0:
                 torch.save(summary, root / f"{name}.pt")
+        # A teacher the student's layout cannot distribute is refused at start, naming the field.
+        odd = root / f"odd-teacher-{rank}"
+        shape = {**MODEL, "overrides": {**MODEL["overrides"], "nRoutedExperts": 3}}  # type: ignore[dict-item]
+        save_hf(build_model(load_section(TrainerConfig, {"model": shape}).model, seed=3), odd)
+        cfg = _cfg(root, "odd", {"ep": 2})
+        cfg = cfg.model_copy(update={"opd": cfg.opd.model_copy(update={"teachers": [
+            cfg.opd.teachers[0].model_copy(update={"path": str(odd)})]})})
+        try:
+            Trainer(cfg, root, group=dist.group.WORLD, measure_peak=False, log=lambda _m: None)
+        except ConfigProblem as e:
+            (root / f"odd-{rank}.txt").write_text(str(e))
     finally:
         dist.destroy_process_group()
 
@@ -106,13 +117,21 @@ def test_layout_equals_one_process(layout: str, runs: tuple[Path, dict[str, Any]
         assert got["teacher_local"] < whole
 
 
+def test_a_teacher_the_layout_cannot_distribute_is_refused_by_field(runs: tuple[Path, dict[str, Any]]) -> None:
+    root, _ = runs
+    for rank in (0, 1):
+        assert (root / f"odd-{rank}.txt").read_text() == (
+            "opd.teachers.0.path: the teacher is distributed like the student, but ep=2 does not divide the "
+            "teacher's routed expert count 3")
+
+
 def test_validate_accepts_the_layouts_and_names_what_cannot_split(tmp_path: Path) -> None:
     for layout in LAYOUTS.values():
         assert job_problems(_cfg(tmp_path, "v", layout), 2) == []
     cfg = _cfg(tmp_path, "v", {"tp": 2})
     odd = cfg.model_copy(update={"opd": cfg.opd.model_copy(update={"samples_per_prompt": 1, "prompts_per_step": 1})})
     [(field, message)] = job_problems(odd, 2)
-    assert field == "opd.samplesPerPrompt" and "1 responses, not a multiple of tp=2" in message
+    assert field == "opd.samplesPerPrompt" and "samplesPerPrompt = 1 responses, not a multiple of tp=2" in message
     three = cfg.model_copy(update={"opd": cfg.opd.model_copy(update={"prompts_per_step": 3}),
                                    "parallelism": cfg.parallelism.model_copy(update={"tp": 1})})
     [(field, message)] = job_problems(three, 2)

@@ -54,6 +54,7 @@ from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
 
 if TYPE_CHECKING:
     from trex.trainer.distill.run import OPDRanks, OPDRun
+    from trex.trainer.parallel.decode import DecodeReplica
 
 
 class ConfigProblem(ValueError):
@@ -306,12 +307,18 @@ class Trainer:
             self.grpo: GRPORun | None = None
             self.opd: OPDRun | None = None
             vocab = int(str(resolved_model_values(cfg.model)["vocab_size"]))
+            self.replica: DecodeReplica | None = None
+            """The whole model rollouts decode on under tensor / expert parallelism (modes grpo and opd)."""
+            self.tp_group: Any = None
+            """The tp ranks sharing this rank's batch (they split its rollouts), None when tp = 1."""
             if cfg.mode in ("grpo", "opd"):
                 self.tokenizer, items = build_prompts(cfg, self.ckpt_dir.parent / "tokenizer", vocab)
                 self.format = "prompts"
+                self.replica, self.tp_group = self._sampling_layout()
             if cfg.mode == "grpo":
                 self.grpo = GRPORun(cfg, self.tokenizer, items, verifier or default_verifier(cfg),
-                                    self.ckpt_dir / WAL_DIR, self.dp_rank, self.dims.dp, self._sum_over_ranks)
+                                    self.ckpt_dir / WAL_DIR, self.dp_rank, self.dims.dp, self._sum_over_ranks,
+                                    self.tp_group)
             elif cfg.mode == "opd":
                 self.opd = self._opd_run(items, vocab)
             else:
@@ -352,17 +359,28 @@ class Trainer:
         from trex.runtime.device import torch_dtype
         from trex.trainer.distill.run import OPDRun
 
-        dtype = torch_dtype(self.cfg.model.dtype)
         try:
-            return OPDRun(self.cfg, self.tokenizer, items, self.device.torch_device(), dtype, self.ckpt_dir, vocab,
-                          self._opd_ranks(dtype))
+            return OPDRun(self.cfg, self.tokenizer, items, self.device.torch_device(), torch_dtype(self.cfg.model.dtype),
+                          self.ckpt_dir, vocab, self._opd_ranks())
         except ValueError as e:
             field_path, _, rest = str(e).partition(": ")
             raise ConfigProblem(field_path, rest) from None
 
-    def _opd_ranks(self, dtype: torch.dtype) -> OPDRanks:
+    def _sampling_layout(self) -> tuple[DecodeReplica | None, Any]:
+        """The decoding replica (tensor / expert parallelism) and the tp group of the sampling modes."""
+        from trex.runtime.device import torch_dtype
+        from trex.trainer.model import ModelArgs
+        from trex.trainer.parallel.decode import DecodeReplica, needs_replica
+
+        if self.meshes is None:
+            return None, None
+        replica = (DecodeReplica(ModelArgs.from_config(self.cfg.model), self.device.torch_device(),
+                                 torch_dtype(self.cfg.model.dtype)) if needs_replica(self.dims) else None)
+        return replica, self.meshes.dense["tp"].get_group() if self.dims.tp > 1 else None
+
+    def _opd_ranks(self) -> OPDRanks:
         """Where this rank of a parallel opd run stands: its data-parallel share, the layout the teachers are
-        distributed by, the vocabulary-parallel KL over tp, and the whole replica it decodes on under tp / ep."""
+        distributed by, the vocabulary-parallel KL over tp, and the decoding replica."""
         from trex.trainer.distill.opd import VocabParallel
         from trex.trainer.distill.run import OPDRanks
         from trex.trainer.distill.teacher import TeacherLayout
@@ -370,20 +388,14 @@ class Trainer:
         if self.meshes is None:
             return OPDRanks()
         from trex.trainer.distill.kl import shard_rows
-        from trex.trainer.model import ModelArgs
-        from trex.trainer.parallel.decode import DecodeReplica, needs_replica
         from trex.trainer.parallel.parallelize import shared_over_tp
 
-        dims = self.dims
-        tp_mesh = self.meshes.dense["tp"]
-        tp_group = tp_mesh.get_group() if dims.tp > 1 else None
+        tp_mesh, tp_group = self.meshes.dense["tp"], self.tp_group
         vocab = None
         if tp_group is not None:
             vocab = VocabParallel(tp_group, lambda w: shard_rows(shared_over_tp(w, tp_mesh), tp_group))
-        replica = (DecodeReplica(ModelArgs.from_config(self.cfg.model), self.device.torch_device(), dtype)
-                   if needs_replica(dims) else None)
-        return OPDRanks(self.dp_rank, dims.dp, self._sum_over_ranks, TeacherLayout(dims, self.meshes, tp_group),
-                        vocab, replica, tp_group)
+        return OPDRanks(self.dp_rank, self.dims.dp, self._sum_over_ranks, TeacherLayout(self.dims, self.meshes, tp_group),
+                        vocab, self.replica, tp_group)
 
     def _anticipatory(self) -> AnticipatoryRouting:
         model: Any = self.model
@@ -616,10 +628,10 @@ class Trainer:
         assert run is not None
         dev = self.device.torch_device()
         t0 = time.perf_counter()
-        from trex.trainer.parallel.decode import unsharded
+        from trex.trainer.parallel.decode import decoding
 
-        with unsharded(self.model):
-            rollouts, items = run.rollout(self.model, s)
+        with decoding(self.model, self.replica) as model:
+            rollouts, items = run.rollout(model, s)
         t1 = time.perf_counter()
         rewards = run.score(rollouts, items)
         t2 = time.perf_counter()

@@ -25,7 +25,12 @@ from trex.runtime.copy_engine import make_copy_engine
 from trex.trainer.config import OPDConfig, TrainerConfig
 from trex.trainer.distill.cache import HiddenStateCache
 from trex.trainer.distill.opd import OPDStats, VocabParallel, opd_step
-from trex.trainer.distill.teacher import TeacherLayout, TeacherPool, resolve_teacher_dir
+from trex.trainer.distill.teacher import (
+    TeacherLayout,
+    TeacherPool,
+    resolve_teacher_dir,
+    teacher_layout_problem,
+)
 from trex.trainer.hf import args_from_hf_dir
 from trex.trainer.parallel.decode import DecodeReplica, decoding, shared_over
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
@@ -92,10 +97,14 @@ class OPDRun:
             raise ValueError(f"opd.promptsPerStep: {o.prompts_per_step} is not a multiple of dp = {self.ranks.dp}")
         self.cfg, self.items, self.seed = o, list(items), cfg.seed
         for i, t in enumerate(o.teachers):
-            teacher_vocab = args_from_hf_dir(resolve_teacher_dir(str(t.path))).vocab_size
-            if teacher_vocab != vocab_size:
-                raise ValueError(f"opd.teachers.{i}.path: the teacher's vocabulary is {teacher_vocab}, the student's "
+            args = args_from_hf_dir(resolve_teacher_dir(str(t.path)))
+            if args.vocab_size != vocab_size:
+                raise ValueError(f"opd.teachers.{i}.path: the teacher's vocabulary is {args.vocab_size}, the student's "
                                  f"{vocab_size} (distillation compares distributions over one tokenizer)")
+            layout = self.ranks.teachers
+            problem = teacher_layout_problem(args, layout.dims) if layout is not None else None
+            if problem:
+                raise ValueError(f"opd.teachers.{i}.path: the teacher is distributed like the student, but {problem}")
         self.teachers = teachers_of(self.items, o)
         self.order = PromptOrder(len(self.items), cfg.data.seed)
         s = o.sampling

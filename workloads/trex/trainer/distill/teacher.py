@@ -89,9 +89,6 @@ class TeacherLayout:
         from trex.trainer.parallel.parallelize import parallelize
 
         args = args_from_hf_dir(directory)
-        problem = teacher_layout_problem(args, self.dims)
-        if problem:
-            raise ValueError(f"teacher {directory}: {problem}")
         master = torch.float32 if dtype == torch.bfloat16 else dtype
         model = build_model_from_args(args, device="meta", dtype=master)
         parallelize(model, self.dims, self.meshes, param_dtype=dtype, reshard_after_forward=True)
