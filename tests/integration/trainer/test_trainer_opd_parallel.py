@@ -22,6 +22,8 @@ from trex.trainer.model import build_model
 
 MODEL = {"preset": "tiny", "dtype": "fp64", "overrides": {"numLayers": 1, "mtpDepth": 0, "maxSeqLen": 256}}
 LAYOUTS: dict[str, dict[str, Any]] = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "ep2": {"ep": 2}}
+WORLD4: dict[str, dict[str, Any]] = {"dp2-tp2-ep2": {"tp": 2, "ep": 2}}
+"""At four ranks: two data-parallel ranks of two tp ranks each, experts over ep pairs across them."""
 STEPS = 3
 
 
@@ -54,10 +56,10 @@ def _summary(tr: Trainer, history: list[Any]) -> dict[str, Any]:
 
 def _worker(rank: int, world: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{world}", rank=rank, world_size=world)
     try:
         root = Path(out)
-        for name, layout in LAYOUTS.items():
+        for name, layout in (LAYOUTS if world == 2 else WORLD4).items():
             tr = Trainer(_cfg(root, name, layout), root, group=dist.group.WORLD, measure_peak=False,
                          log=lambda _m: None)
             res = tr.run()
@@ -74,6 +76,8 @@ def _worker(rank: int, world: int, out: str) -> None:
                 summary["teacher_local"] = local
             if rank == 0:
                 torch.save(summary, root / f"{name}.pt")
+        if world == 4:
+            return
         # A teacher the student's layout cannot distribute is refused at start, naming the field.
         odd = root / f"odd-teacher-{rank}"
         shape = {**MODEL, "overrides": {**MODEL["overrides"], "nRoutedExperts": 3}}  # type: ignore[dict-item]
@@ -94,12 +98,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]
     root = tmp_path_factory.mktemp("opd-parallel")
     _files(root)
     mp.spawn(_worker, args=(2, str(root)), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    mp.spawn(_worker, args=(4, str(root)), nprocs=4, join=True)  # type: ignore[attr-defined,no-untyped-call]
     one = Trainer(_cfg(root, "one", {}), root, measure_peak=False, log=lambda _m: None)
     return root, _summary(one, one.run().history)
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS) + sorted(WORLD4))
 def test_layout_equals_one_process(layout: str, runs: tuple[Path, dict[str, Any]]) -> None:
     root, ref = runs
     got = torch.load(root / f"{layout}.pt")
@@ -110,8 +115,9 @@ def test_layout_equals_one_process(layout: str, runs: tuple[Path, dict[str, Any]
     assert got["entropy"] == pytest.approx(ref["entropy"], rel=1e-9)
     for k, v in ref["state"].items():
         torch.testing.assert_close(got["state"][k], v, atol=1e-10, rtol=0, msg=k)
-    assert got["vocab_parallel"] == (layout == "tp2") and got["replica"] == (layout != "dp2")
-    assert got["head_rows"] == (256 if layout == "tp2" else 512)  # this rank's vocabulary shard of the teacher's head
+    tp = "tp2" in layout
+    assert got["vocab_parallel"] == tp and got["replica"] == (layout != "dp2")
+    assert got["head_rows"] == (256 if tp else 512)  # this rank's vocabulary shard of the teacher's head
     if layout != "dp2":
         whole = sum(p.numel() for p in build_model(load_section(TrainerConfig, {"model": MODEL}).model).parameters())
         assert got["teacher_local"] < whole
