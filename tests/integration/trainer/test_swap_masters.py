@@ -75,7 +75,7 @@ def _states(tr: Trainer) -> dict[str, torch.Tensor]:
 def _where(tr: Trainer) -> dict[str, Any]:
     """Where this rank's masters are between steps, checked against FSDP2's own records."""
     from trex.trainer.mfu import DEVICES
-    from trex.trainer.optim.masters import master_params
+    from trex.trainer.optim.masters import held_masters, master_params
     from trex.trainer.plan import plan_memory
 
     assert isinstance(tr.opts, SwapOptimizers)
@@ -85,6 +85,7 @@ def _where(tr: Trainer) -> dict[str, Any]:
     planned = plan_memory(tr.cfg, 2, DEVICES["cpu"], capacity=1 << 40)
     return {
         "count": len(masters), "params": len(dense), "records": len(records),
+        "found": sorted(id(m) for m in held_masters(tr.model)) == sorted(id(m) for m in masters),
         "fp32": all(m.local.dtype == torch.float32 for m in masters),
         "in_host_copy": all(m.local.data_ptr() == m.host_view.data_ptr() for m in masters),
         "fsdp_data_is_host": all(records[id(m.param)]._sharded_param_data.data_ptr() == m.host.data_ptr()
@@ -157,7 +158,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_masters_are_fp32_in_host_memory_between_steps(runs: dict[str, Any]) -> None:
     w = runs["where"]
     assert w["count"] == w["records"] == w["params"] > 0  # dp2: every parameter is an FSDP2 master shard
-    assert w["fp32"] and w["in_host_copy"] and w["fsdp_data_is_host"] and w["bf16_copy_is_cast"]
+    assert w["found"] and w["fp32"] and w["in_host_copy"] and w["fsdp_data_is_host"] and w["bf16_copy_is_cast"]
     assert w["pinned_on_cpu"]  # plain host memory on CPU (pinned on accelerators)
     assert w["compute_bytes"] > 0 and w["bytes"] > 2 * w["compute_bytes"]  # masters (4 B) + states in host
     # the memory plan counts the same padded shards: fp32 masters in host memory, bf16 copies on the device

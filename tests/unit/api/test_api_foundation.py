@@ -173,7 +173,7 @@ def test_validate_cli_valid_and_invalid() -> None:
         "10-backend-device-mismatch.yaml": ("spec.deviceType", "needs deviceType 'gpu'"),
         "13-pipeline-parallel.yaml": ("spec.trainer.parallelism.pp", "pipeline parallelism is not run"),
         "14-swap-optimizer.yaml": ("spec.trainer.parallelism", "even with the optimizer states in host memory"),
-        "15-opd-mode.yaml": ("spec.trainer.mode", "'opd' (on-policy distillation) runs in one process"),
+        "15-opd-samples-not-splitting.yaml": ("spec.trainer.opd.samplesPerPrompt", "not a multiple of tp=2"),
         "16-out-of-memory.yaml": ("spec.trainer.parallelism", "per device; Ascend 910B has 64 GiB: raise ep"),
         "17-kernel-dtype-missing.yaml": ("spec.kernels.dtypes", "npu-ascendc has no bf16 template for any kernel"),
     }

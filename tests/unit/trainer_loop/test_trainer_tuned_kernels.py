@@ -115,7 +115,10 @@ def test_moe_kernels_are_used_and_training_matches_eager(tmp_path: Path, backend
         assert not tr.kernels.refused
         assert tr.kernels.calls["router_topk"] >= 2 * STEPS  # one MoE layer and the MTP block's
         assert tr.kernels.calls["grouped_gemm"] >= 2 * 6 * STEPS  # 3 GEMMs each: forward and dx
-        assert losses == pytest.approx(eager_losses, rel=1e-4)
+        # Rounding only: the first steps agree to 1e-5; over 20 steps fp32 rounding differences compound (seen up to
+        # 1.3e-4 by step 15), so the whole run is held to 1e-3 (a wrong kernel is off by far more at the first step).
+        assert losses[:4] == pytest.approx(eager_losses[:4], rel=1e-5)
+        assert losses == pytest.approx(eager_losses, rel=1e-3)
         assert losses != eager_losses
     finally:
         tk.install(None, {}, 1, [1], "cpu", lambda _m: None)

@@ -83,13 +83,18 @@ def test_recompute_shrinks_the_planned_activations_and_swap_the_states() -> None
     assert one.masters == 0 and one.device_params == one.params  # one process: bf16 throughout, no masters
 
 
-def test_pp_and_what_opd_cannot_run_are_rejected_before_any_pod() -> None:
+def test_pp_and_what_opd_cannot_split_are_rejected_before_any_pod() -> None:
     assert _problems({"devicesPerReplica": 2, "trainer": {"parallelism": {"pp": 2}}}) == [
         "spec.trainer.parallelism.pp: 2: pipeline parallelism is not run by `trex train` yet; set 1"]
     opd = {"mode": "opd", "opd": {"teachers": [{"path": "/t"}]}}
     assert _problems({"trainer": opd}) == []
-    [two] = _problems({"devicesPerReplica": 2, "trainer": opd})
-    assert two.startswith("spec.trainer.mode: 'opd' (on-policy distillation) runs in one process; the job has 2")
+    assert _problems({"devicesPerReplica": 2, "trainer": opd}) == []  # dp2: two of the four prompts per rank
+    [three] = _problems({"devicesPerReplica": 3, "trainer": opd})
+    assert three == ("spec.trainer.opd.promptsPerStep: 4 is not a multiple of the 3 data-parallel rank(s) (each rank "
+                     "samples whole prompts)")
+    grpo = {"mode": "grpo", "data": {"train": "/p"}, "grpo": {"promptsPerStep": 3}}
+    [odd] = _problems({"devicesPerReplica": 2, "trainer": grpo})
+    assert odd.startswith("spec.trainer.grpo.promptsPerStep: 3 is not a multiple of the 2 data-parallel rank(s)")
     assert _problems({"trainer": {**opd, "opd": {"teachers": [{"name": "sft"}]}}}) == []
 
 

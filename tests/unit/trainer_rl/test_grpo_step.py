@@ -122,11 +122,12 @@ def _grpo(**extra: object) -> TrainerConfig:
 
 def test_validate_refuses_what_grpo_cannot_run_naming_the_field() -> None:
     assert job_problems(_grpo(), 1) == []
-    assert job_problems(_grpo(parallelism={"dp": 2}), 2) == []  # whole replicas per data-parallel rank
-    (field, msg), = job_problems(_grpo(parallelism={"ep": 2}), 2)
-    assert field == "parallelism.ep" and "mode 'grpo'" in msg
-    (field, _), = job_problems(_grpo(parallelism={"tp": 2}), 2)
-    assert field == "parallelism.tp"
+    assert job_problems(_grpo(parallelism={"dp": 2}), 2) == []  # FSDP2 units gathered per data-parallel rank
+    assert job_problems(_grpo(parallelism={"ep": 2}), 2) == []  # decoded on a whole replica
+    assert job_problems(_grpo(parallelism={"tp": 2}, data={"train": "p.jsonl", "microBatchSize": 2}), 2) == []
+    (field, msg), = job_problems(_grpo(parallelism={"tp": 2}, data={"train": "p.jsonl", "microBatchSize": 2},
+                                       grpo={"promptsPerStep": 1, "groupSize": 3}), 2)
+    assert field == "grpo.groupSize" and "groupSize = 3 responses, not a multiple of tp=2" in msg
     with pytest.raises(ValueError, match="protocol: unknown 'nope'"):
         _grpo(grpo={"protocol": "nope"})
     with pytest.raises(ValueError, match="promptFormat: unknown 'bench4opt'"):
@@ -144,5 +145,5 @@ def test_trainer_config_rules_need_prompts_and_whole_groups_per_rank() -> None:
     assert ("data.train", "mode 'grpo' needs prompts with ground truths: an ORDataJob's prompts rendering "
             "(dataFrom) or a benchmark file") in config_problems(cfg)
     odd = _grpo(grpo={"promptsPerStep": 3})
-    assert any(f == "grpo.promptsPerStep" for f, _ in config_problems(odd, dp=2))
+    assert any(f == "grpo.promptsPerStep" for f, _ in job_problems(odd, 2))  # the rule validate applies
     assert not any(f == "data.globalBatchSize" for f, _ in config_problems(odd, dp=2))

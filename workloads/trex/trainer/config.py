@@ -682,14 +682,6 @@ def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
     if cfg.parallelism.pp > 1:
         out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
                     "set 1"))
-    if cfg.mode == "grpo":
-        p = cfg.parallelism
-        for name, degree in (("tp", p.tp), ("ep", p.ep), ("etp", p.etp)):
-            if degree > 1:
-                out.append((f"parallelism.{name}", f"{degree}: mode 'grpo' decodes its rollouts on a whole model "
-                            "replica per data-parallel rank; tensor and expert parallelism are not run in grpo yet "
-                            "(set 1)"))
-                break
     return out
 
 
@@ -698,12 +690,33 @@ GRPO_NEEDS_PROMPTS = ("mode 'grpo' needs prompts with ground truths: an ORDataJo
 OPD_NEEDS_PROMPTS = "mode 'opd' needs prompts: an ORDataJob's prompts rendering (dataFrom) or a benchmark file"
 
 
-def opd_world_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
-    """mode opd runs in one process: rollouts, teacher pass and student pass on one device."""
-    if cfg.mode == "opd" and world_size != 1:
-        return [("mode", f"'opd' (on-policy distillation) runs in one process; the job has {world_size} "
-                 "(set replicas and devicesPerReplica to 1)")]
-    return []
+def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
+    """What the sampling modes (grpo, opd) need of the layout: whole prompts on every data-parallel rank; under tp,
+    a batch of responses the MoE layers can split over the tp ranks, and for opd a vocabulary the KL can shard."""
+    p = cfg.parallelism
+    if cfg.mode not in ("grpo", "opd") or world_size % (p.tp * p.pp):  # the last: parallelism_problems says it
+        return []
+    dp = world_size // (p.tp * p.pp)
+    section, prompts, samples, name = (
+        ("grpo", cfg.grpo.prompts_per_step, cfg.grpo.group_size, "groupSize") if cfg.mode == "grpo"
+        else ("opd", cfg.opd.prompts_per_step, cfg.opd.samples_per_prompt, "samplesPerPrompt"))
+    if prompts % dp:
+        return [(f"{section}.promptsPerStep", f"{prompts} is not a multiple of the {dp} data-parallel rank(s) "
+                 "(each rank samples whole prompts)")]
+    out: list[tuple[str, str]] = []
+    if p.tp > 1:
+        m = resolved_model_values(cfg.model)
+        has_moe = int(str(m["num_layers"])) > int(str(m["n_dense_layers"]))
+        per_rank = prompts // dp * samples
+        if has_moe and per_rank % p.tp:
+            out.append((f"{section}.{name}", f"each data-parallel rank trains on promptsPerStep / dp x {name} = "
+                        f"{per_rank} responses, not a multiple of tp={p.tp} (the MoE layers split a batch's "
+                        "sequences over the tp ranks)"))
+        vocab = int(str(m["vocab_size"]))
+        if cfg.mode == "opd" and vocab % p.tp:
+            out.append(("parallelism.tp", f"tp={p.tp} does not divide the vocabulary {vocab} (mode opd's KL shards "
+                        "the vocabulary over tp)"))
+    return out
 
 
 def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None = None,
@@ -713,7 +726,7 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     (support_problems), and the memory plan fits ``device`` (``capacity`` bytes per process, default the
     device's memory; no device or an unknown capacity: not checked), with the optimizer states in host
     memory when optimizer.swap is on. Returns (field path, message) pairs; empty means valid."""
-    out = parallelism_problems(cfg, world_size) + support_problems(cfg) + opd_world_problems(cfg, world_size)
+    out = parallelism_problems(cfg, world_size) + support_problems(cfg) + rl_layout_problems(cfg, world_size)
     if out or device is None or (capacity is None and device.memory_bytes is None):
         return out
     from trex.trainer.plan import gib, plan_memory, with_swap

@@ -36,8 +36,8 @@ from trex.trainer.config import (
     GRPO_NEEDS_PROMPTS,
     OPD_NEEDS_PROMPTS,
     TrainerConfig,
-    opd_world_problems,
     resolved_model_values,
+    rl_layout_problems,
     support_problems,
 )
 from trex.trainer.data.build import build_data
@@ -53,7 +53,8 @@ from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, default_verifier
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
 
 if TYPE_CHECKING:
-    from trex.trainer.distill.run import OPDRun
+    from trex.trainer.distill.run import OPDRanks, OPDRun
+    from trex.trainer.parallel.decode import DecodeReplica
 
 
 class ConfigProblem(ValueError):
@@ -109,9 +110,6 @@ def config_problems(cfg: TrainerConfig, dp: int = 1) -> list[tuple[str, str]]:
         out.append(("data.train", GRPO_NEEDS_PROMPTS))
     if cfg.mode == "opd" and cfg.data.train is None:
         out.append(("data.train", OPD_NEEDS_PROMPTS))
-    if cfg.mode == "grpo" and cfg.grpo.prompts_per_step % dp:
-        out.append(("grpo.promptsPerStep", f"{cfg.grpo.prompts_per_step} is not a multiple of the {dp} "
-                    "data-parallel rank(s) (each rank samples whole groups)"))
     p = cfg.parallelism
     if p.dp is not None and p.dp != dp:
         out.append(("parallelism.dp", f"{p.dp} does not match the {dp} data-parallel rank(s) of this run"))
@@ -283,7 +281,7 @@ class Trainer:
             field_path, _, rest = str(e).partition(": ")
             raise ConfigProblem(field_path, rest) from None
         self.dp_rank, _tp_rank = dense_coordinates(self.dims, self.rank)  # tp ranks read the same batch
-        problems = config_problems(cfg, dp=self.dims.dp) + opd_world_problems(cfg, self.world)
+        problems = config_problems(cfg, dp=self.dims.dp) + rl_layout_problems(cfg, self.world)
         if problems:
             raise ConfigProblem(*problems[0])
         self.cfg = cfg
@@ -309,12 +307,18 @@ class Trainer:
             self.grpo: GRPORun | None = None
             self.opd: OPDRun | None = None
             vocab = int(str(resolved_model_values(cfg.model)["vocab_size"]))
+            self.replica: DecodeReplica | None = None
+            """The whole model rollouts decode on under tensor / expert parallelism (modes grpo and opd)."""
+            self.tp_group: Any = None
+            """The tp ranks sharing this rank's batch (they split its rollouts), None when tp = 1."""
             if cfg.mode in ("grpo", "opd"):
                 self.tokenizer, items = build_prompts(cfg, self.ckpt_dir.parent / "tokenizer", vocab)
                 self.format = "prompts"
+                self.replica, self.tp_group = self._sampling_layout()
             if cfg.mode == "grpo":
                 self.grpo = GRPORun(cfg, self.tokenizer, items, verifier or default_verifier(cfg),
-                                    self.ckpt_dir / WAL_DIR, self.dp_rank, self.dims.dp, self._sum_over_ranks)
+                                    self.ckpt_dir / WAL_DIR, self.dp_rank, self.dims.dp, self._sum_over_ranks,
+                                    self.tp_group)
             elif cfg.mode == "opd":
                 self.opd = self._opd_run(items, vocab)
             else:
@@ -357,10 +361,41 @@ class Trainer:
 
         try:
             return OPDRun(self.cfg, self.tokenizer, items, self.device.torch_device(), torch_dtype(self.cfg.model.dtype),
-                          self.ckpt_dir, vocab)
+                          self.ckpt_dir, vocab, self._opd_ranks())
         except ValueError as e:
             field_path, _, rest = str(e).partition(": ")
             raise ConfigProblem(field_path, rest) from None
+
+    def _sampling_layout(self) -> tuple[DecodeReplica | None, Any]:
+        """The decoding replica (tensor / expert parallelism) and the tp group of the sampling modes."""
+        from trex.runtime.device import torch_dtype
+        from trex.trainer.model import ModelArgs
+        from trex.trainer.parallel.decode import DecodeReplica, needs_replica
+
+        if self.meshes is None:
+            return None, None
+        replica = (DecodeReplica(ModelArgs.from_config(self.cfg.model), self.device.torch_device(),
+                                 torch_dtype(self.cfg.model.dtype)) if needs_replica(self.dims) else None)
+        return replica, self.meshes.dense["tp"].get_group() if self.dims.tp > 1 else None
+
+    def _opd_ranks(self) -> OPDRanks:
+        """Where this rank of a parallel opd run stands: its data-parallel share, the layout the teachers are
+        distributed by, the vocabulary-parallel KL over tp, and the decoding replica."""
+        from trex.trainer.distill.opd import VocabParallel
+        from trex.trainer.distill.run import OPDRanks
+        from trex.trainer.distill.teacher import TeacherLayout
+
+        if self.meshes is None:
+            return OPDRanks()
+        from trex.trainer.distill.kl import shard_rows
+        from trex.trainer.parallel.parallelize import shared_over_tp
+
+        tp_mesh, tp_group = self.meshes.dense["tp"], self.tp_group
+        vocab = None
+        if tp_group is not None:
+            vocab = VocabParallel(tp_group, lambda w: shard_rows(shared_over_tp(w, tp_mesh), tp_group))
+        return OPDRanks(self.dp_rank, self.dims.dp, self._sum_over_ranks, TeacherLayout(self.dims, self.meshes, tp_group),
+                        vocab, self.replica, tp_group)
 
     def _anticipatory(self) -> AnticipatoryRouting:
         model: Any = self.model
@@ -595,8 +630,10 @@ class Trainer:
         assert run is not None
         dev = self.device.torch_device()
         t0 = time.perf_counter()
-        with unsharded(self.model):
-            rollouts, items = run.rollout(self.model, s)
+        from trex.trainer.parallel.decode import decoding
+
+        with decoding(self.model, self.replica) as model:
+            rollouts, items = run.rollout(model, s)
         t1 = time.perf_counter()
         rewards = run.score(rollouts, items)
         t2 = time.perf_counter()
@@ -736,35 +773,6 @@ class Trainer:
         from trex.trainer import mfu as mfu_mod
 
         return float(mfu_mod.flops_per_token(resolved_model_values(self.cfg.model), seq_len))
-
-
-@contextlib.contextmanager
-def unsharded(model: nn.Module) -> Any:
-    """Every FSDP2 unit of ``model`` gathered, and kept gathered across forwards, inside the block (rollouts decode
-    one token per forward: no all-gathers per token, and ranks need not decode in step); nothing in one process."""
-    from torch.distributed.fsdp import FSDPModule
-
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    if not units:
-        yield
-        return
-    before = [reshards_after_forward(u) for u in units]
-    for u in units:
-        u.set_reshard_after_forward(False, recurse=False)
-        u.unshard()
-    try:
-        yield
-    finally:
-        for u, b in zip(units, before, strict=True):
-            u.reshard()
-            u.set_reshard_after_forward(b, recurse=False)
-
-
-def reshards_after_forward(unit: Any) -> bool:
-    """Whether an FSDP2 unit frees its gathered parameters after each forward (FSDP2 keeps this per parameter group
-    and has no public getter)."""
-    groups = unit._get_fsdp_state()._fsdp_param_groups
-    return any(g.post_forward_mesh_info is not None for g in groups)
 
 
 def install_sigterm(trainer: Trainer) -> None:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from trex.trainer.config import TrainerConfig, resolved_model_values
 from trex.trainer.mfu import GIB, DeviceSku
+from trex.trainer.model_args import ModelArgs
 
 if TYPE_CHECKING:
     from torch import nn
@@ -237,6 +238,10 @@ class MemoryPlan:
     """Bytes one process may use on that device (None: unknown, fit not checked)."""
     world: int
     """Ranks of the run."""
+    sampling: int = 0
+    """The sampling modes' whole-model copies (grpo's reference policy; the decoding replica under tp / ep)."""
+    rollout: int = 0
+    """Transient while decoding: the FSDP2 units gathered for the whole rollout (FSDP2 alone) and the KV cache."""
 
     @property
     def device_params(self) -> int:
@@ -255,13 +260,13 @@ class MemoryPlan:
     def persistent(self) -> int:
         """Held for the whole run."""
         states = self.swap_buffers if self.swap else self.muon_state + self.adamw_state
-        return self.device_params + self.grads + states + self.buffers
+        return self.device_params + self.grads + states + self.buffers + self.sampling
 
     @property
     def total(self) -> int:
-        """Peak: persistent + the larger of the forward/backward phase and the optimizer phase."""
+        """Peak: persistent + the largest of the forward/backward, optimizer and rollout phases."""
         step = self.activations + self.fsdp_gather + self.comm_buffers
-        return self.persistent + max(step, self.optimizer_transient)
+        return self.persistent + max(step, self.optimizer_transient, self.rollout)
 
     @property
     def fits(self) -> bool | None:
@@ -391,12 +396,51 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         swap_buffers=swap.buffers * max(swap.bucket_mb * 2**20, largest_state),
         masters=sum(local[n] for n in held) * store, device=device,
         capacity=device.memory_bytes if capacity is None else capacity, world=world,
+        **sampling_bytes(cfg, values, c, lay, world),
     )
 
 
 def _fsdp_ranks(p: ParamInfo, lay: Layout) -> int:
     """Ranks of the FSDP2 mesh that holds ``p`` (1: FSDP2 leaves it alone)."""
     return {"experts": lay.edp, "moe": lay.dp * lay.tp}.get(p.placement, lay.dp)
+
+
+def sampling_bytes(cfg: TrainerConfig, values: Mapping[str, Any], c: Census, lay: Layout,
+                   world: int) -> dict[str, int]:
+    """What modes grpo and opd hold besides training, per rank: ``sampling`` (persistent: grpo's reference policy
+    when klCoef > 0, and under tp / ep the decoding replica, each the whole model in model.dtype) and ``rollout``
+    (transient: with FSDP2 alone every unit gathered for the whole rollout, plus the KV cache of this rank's
+    samples at min(maxSeqLen, data.seqLen + maxNewTokens) tokens, exact for mla and an upper bound for the
+    DeepSeek-V4 stack). opd's teachers are not planned: their shapes are only known once their folders exist."""
+    if cfg.mode not in ("grpo", "opd"):
+        return {}
+    model_bytes = _DTYPE_BYTES[cfg.model.dtype]
+    whole = c.total * model_bytes + c.buffer_bytes
+    replica = world > 1 and lay.tp * lay.ep * lay.etp > 1
+    reference = cfg.mode == "grpo" and cfg.grpo.kl_coef > 0
+    sampling = whole * (int(reference) + int(replica))
+    if cfg.mode == "grpo":
+        prompts, samples, new = cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.max_new_tokens
+    else:
+        prompts, samples, new = cfg.opd.prompts_per_step, cfg.opd.samples_per_prompt, cfg.opd.sampling.max_new_tokens
+    rows = -(-(prompts // max(lay.dp, 1) * samples) // lay.tp)  # the tp ranks split a rank's samples
+    args = ModelArgs.from_values(dict(values))
+    kv = kv_cache_bytes(args, rows, min(args.max_seq_len, cfg.data.seq_len + new), model_bytes)
+    gathered = whole if world > 1 and not replica else 0
+    return {"sampling": sampling, "rollout": gathered + kv}
+
+
+def kv_cache_bytes(args: ModelArgs, rows: int, context: int, elem: int) -> int:
+    """Bytes of the rollout engine's KV cache for ``rows`` samples of ``context`` tokens (``elem`` bytes per value):
+    mla keeps the latent and the rope key per token and layer (exact); the DeepSeek-V4 stack a window ring, the
+    compressed entries and the indexer's keys (bounded by the densest compression on every layer)."""
+    if args.attention == "csa":
+        compress = min(args.csa_compress_every, args.hca_compress_every)
+        per_layer = (min(context, args.csa_window) * args.head_dim + context // compress * args.head_dim
+                     + context // args.csa_compress_every * args.csa_indexer_dim)
+    else:
+        per_layer = context * (args.kv_lora_rank + args.qk_rope_head_dim)
+    return rows * args.num_layers * per_layer * elem
 
 
 def _largest_bucket(params: Iterable[ParamInfo], lay: Layout) -> int:

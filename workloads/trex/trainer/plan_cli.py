@@ -88,12 +88,15 @@ def rows(plan: Any) -> list[tuple[str, str]]:
     if plan.swap:
         out.append(("swap buffers", gib(plan.swap_buffers)))
         out.append(("device bytes saved by swap", gib(plan.swap_saved)))
+    if plan.sampling:
+        out.append(("reference policy / decoding replica", gib(plan.sampling)))
     out += [
         ("buffers", gib(plan.buffers)),
         (f"activations (one micro-batch, recompute {plan.recompute})", gib(plan.activations)),
         ("FSDP gathers (transient)", gib(plan.fsdp_gather)),
         ("communication buffers (transient)", gib(plan.comm_buffers)),
         ("optimizer step (transient)", gib(plan.optimizer_transient)),
+        *([("rollout: gathered model + KV cache (transient)", gib(plan.rollout))] if plan.rollout else []),
         ("total (peak)", gib(plan.total)),
         (f"{plan.device.name} memory", gib(plan.capacity) if plan.capacity is not None else "unknown"),
     ]

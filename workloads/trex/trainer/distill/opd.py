@@ -5,13 +5,18 @@ The student's trunk runs forward once; its pre-head hidden states are detached a
 the student's head) is computed and back-propagated on its own, so only one teacher head is in use at a
 time and its tensors are freed before the next arrives; the accumulated hidden-state gradient then flows
 through the student's trunk in one backward.
+
+Under a parallel layout the token mean runs over every data-parallel rank's tokens (``tokens``), every rank runs
+the forward and backward even with nothing to score (they hold collectives), and under tensor parallelism the KL
+is vocabulary-parallel (:class:`VocabParallel`): each tp rank scores its shard of the vocabulary.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -46,6 +51,15 @@ def pack(rollouts: Sequence[Rollout], teachers: Sequence[Sequence[str]], pad_id:
     return OPDBatch(b.input_ids, b.mask, b.targets, [list(t) for t in teachers])
 
 
+@dataclass(frozen=True)
+class VocabParallel:
+    """The tensor-parallel group the KL shards the vocabulary over, and how to take the student head's shard (its
+    backward must sum the head's gradient over the group: each rank's gradient covers its rows only)."""
+
+    group: Any
+    shard: Callable[[torch.Tensor], torch.Tensor]
+
+
 @dataclass
 class OPDStats:
     """What one step measured (floats, detached)."""
@@ -53,6 +67,8 @@ class OPDStats:
     loss: float
     kl: dict[str, float]
     """Mean KL per teacher over its tokens (full-vocab: exact; sampled-token: the mean log-ratio)."""
+    kl_tokens: dict[str, int]
+    """Tokens each teacher scored (the weights of the KL means across ranks)."""
     entropy: float
     """The student's mean entropy over the scored tokens."""
     tokens: int
@@ -69,15 +85,18 @@ class OPDStats:
 
 
 def opd_backward(student: DeepSeekModel, batch: OPDBatch, pool: TeacherPool, *, estimator: Estimator,
-                 chunk_size: int) -> OPDStats:
+                 chunk_size: int, tokens: float | None = None, vocab: VocabParallel | None = None,
+                 collective: bool = False) -> OPDStats:
     """Teacher pass, student forward, per-teacher KL and backward (gradients accumulate into the student's
-    .grad). Returns the step's statistics (timings of the teacher and student parts; tokens 0 when no response
-    has a token)."""
+    .grad). ``tokens``: the scored tokens of the whole step (default this batch's), the token mean's denominator;
+    ``collective``: one rank of several (forward and backward run even when this batch scores nothing). Returns
+    this batch's statistics (timings of the teacher and student parts; tokens 0 when no response has a token)."""
     device = pool.device
     weights = {label: t.weight for label, t in pool.teachers.items()}
     groups = teacher_groups(pool.labels, batch.teachers, batch.mask, weights)
-    if not groups:  # every response empty (the prompts filled the context): nothing to learn, no backward
-        return OPDStats(loss=0.0, kl={}, entropy=0.0, tokens=0, response_length=0.0, seq_len=batch.input_ids.shape[1])
+    if not groups and not collective:  # every response empty (the prompts filled the context): no backward
+        return OPDStats(loss=0.0, kl={}, kl_tokens={}, entropy=0.0, tokens=0, response_length=0.0,
+                        seq_len=batch.input_ids.shape[1])
     t0 = time.perf_counter()
     pool.teacher_pass(batch.input_ids, groups)
     t1 = time.perf_counter()
@@ -86,41 +105,59 @@ def opd_backward(student: DeepSeekModel, batch: OPDBatch, pool: TeacherPool, *, 
     flat = out.hidden.reshape(-1, out.hidden.shape[-1])
     hs = flat.detach().requires_grad_()
     targets = batch.targets.reshape(-1).to(device)
-    n = float(batch.tokens)
-    loss, kl, ent, ent_n = 0.0, {}, 0.0, 0
+    n = float(batch.tokens) if tokens is None else tokens
+    head = out.head_weight if vocab is None else vocab.shard(out.head_weight)
+    group = None if vocab is None else vocab.group
+    loss, kl, kl_n, ent, ent_n = 0.0, {}, {}, 0.0, 0
     for g, ht, wt in pool.stream(groups):
         pos = g.positions.to(device)
         coef = token_coefficients(torch.ones(pos.shape[0], device=device), g.weight, denominator=n)
-        res = reverse_kl(hs[pos], out.head_weight, ht, wt, coef, estimator=estimator, tokens=targets[pos],
-                         chunk_size=chunk_size)
+        res = reverse_kl(hs[pos], head, ht, wt, coef, estimator=estimator, tokens=targets[pos],
+                         chunk_size=chunk_size, group=group)
         torch.autograd.backward(res.loss)
         loss += float(res.loss.detach())
         kl[g.label] = float(res.kl.mean())
+        kl_n[g.label] = int(res.kl.numel())
         ent += float(res.entropy.sum())
         ent_n += res.entropy.numel()
         del ht, wt, res
-    assert hs.grad is not None
-    torch.autograd.backward(flat, hs.grad)
+    # Nothing scored on this rank: a zero gradient still runs the trunk's backward (its reductions are collective).
+    torch.autograd.backward(flat, hs.grad if hs.grad is not None else torch.zeros_like(flat))
     t2 = time.perf_counter()
     lengths = batch.mask.sum(1).double()
-    return OPDStats(loss=loss, kl=kl, entropy=ent / max(ent_n, 1), tokens=batch.tokens,
+    return OPDStats(loss=loss, kl=kl, kl_tokens=kl_n, entropy=ent / max(ent_n, 1), tokens=batch.tokens,
                     response_length=float(lengths.mean()), seq_len=batch.input_ids.shape[1], expert_counts=out.expert_counts.detach(),
                     seconds={"teacher": t1 - t0, "student": t2 - t1})
 
 
+Sampler = Callable[[list[list[int]], list[int]], list[Rollout]]
+"""(prompts, sample ids) -> one rollout per prompt (how and on which model a layout decodes)."""
+
+
 def opd_step(student: DeepSeekModel, prompts: Sequence[Sequence[int]], teachers: Sequence[Sequence[str]],
              pool: TeacherPool, params: SamplingParams, *, samples_per_prompt: int, seed: int, step: int,
-             estimator: Estimator, chunk_size: int) -> OPDStats:
-    """Sample ``samples_per_prompt`` responses per prompt with the student as it is (policy version = step;
-    sample ids unique per step), then :func:`opd_backward`. ``teachers[i]``: the teachers of prompt i."""
+             estimator: Estimator, chunk_size: int, first_prompt: int = 0, step_prompts: int | None = None,
+             sampler: Sampler | None = None, reduce: Callable[[list[float]], list[float]] | None = None,
+             vocab: VocabParallel | None = None) -> OPDStats:
+    """Sample ``samples_per_prompt`` responses per prompt with the student as it is (policy version = step), then
+    :func:`opd_backward`. ``teachers[i]``: the teachers of prompt i. One rank of several holds the step's prompts
+    ``first_prompt`` onwards (of ``step_prompts``): sample ids depend on a prompt's place in the whole step, so
+    every layout draws the same samples; ``sampler`` decodes (default: ``student`` here) and ``reduce`` sums over
+    the data-parallel ranks (the token mean's denominator)."""
     g = samples_per_prompt
     expanded = [list(p) for p in prompts for _ in range(g)]
-    ids = [step * len(expanded) + i for i in range(len(expanded))]
+    per_step = (len(prompts) if step_prompts is None else step_prompts) * g
+    ids = [step * per_step + first_prompt * g + i for i in range(len(expanded))]
     t0 = time.perf_counter()
-    rollouts = generate(student, expanded, params, seed, sample_ids=ids, policy_version=step)
+    if sampler is None:
+        rollouts = generate(student, expanded, params, seed, sample_ids=ids, policy_version=step)
+    else:
+        rollouts = sampler(expanded, ids)
     t1 = time.perf_counter()
     batch = pack(rollouts, [list(t) for t in teachers for _ in range(g)])
-    stats = opd_backward(student, batch, pool, estimator=estimator, chunk_size=chunk_size)
+    total = float(batch.tokens) if reduce is None else reduce([float(batch.tokens)])[0]
+    stats = opd_backward(student, batch, pool, estimator=estimator, chunk_size=chunk_size, tokens=total,
+                         vocab=vocab, collective=reduce is not None)
     stats.seconds["rollout"] = t1 - t0
     stats.sequence_tokens = sum(len(r.prompt) + len(r.tokens) for r in rollouts)
     return stats

@@ -4,13 +4,17 @@ step's OPD pass.
 The prompts are the records of data.train in ``opd.promptFormat``, rendered as mode grpo renders them (the
 prompt set's messages in the training chat layout, ending with the generation prompt); step s takes the
 slice :class:`~trex.trainer.rl.prompts.PromptOrder` gives it and samples with sample ids s * N + i under the
-run's seed, so a resumed run draws exactly what an uninterrupted one drew.
+run's seed, so a resumed run draws exactly what an uninterrupted one drew. Under a parallel layout each
+data-parallel rank takes its contiguous share of the step's prompts (sample ids keep their place in the whole
+step, so every layout draws the same samples), decodes them as trex.trainer.parallel.decode lays out, and the
+step's statistics are summed over the data-parallel ranks.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +24,18 @@ from trex.evaluation.benchmarks.base import Item
 from trex.runtime.copy_engine import make_copy_engine
 from trex.trainer.config import OPDConfig, TrainerConfig
 from trex.trainer.distill.cache import HiddenStateCache
-from trex.trainer.distill.opd import OPDStats, opd_step
-from trex.trainer.distill.teacher import TeacherPool, resolve_teacher_dir
+from trex.trainer.distill.opd import OPDStats, VocabParallel, opd_step
+from trex.trainer.distill.teacher import (
+    TeacherLayout,
+    TeacherPool,
+    resolve_teacher_dir,
+    teacher_layout_problem,
+)
 from trex.trainer.hf import args_from_hf_dir
+from trex.trainer.parallel.decode import DecodeReplica, decoding, shared_over
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.step import stop_tokens_of
-from trex.trainer.rollout import SamplingParams
+from trex.trainer.rollout import Rollout, SamplingParams, generate
 
 
 def opd_problems(cfg: OPDConfig) -> list[tuple[str, str]]:
@@ -58,18 +68,43 @@ def teachers_of(items: Sequence[Item], cfg: OPDConfig) -> list[list[str]]:
     return out
 
 
+@dataclass
+class OPDRanks:
+    """Where one rank of a parallel opd run stands (the defaults: one process)."""
+
+    dp_rank: int = 0
+    dp: int = 1
+    sum_over_dp: Callable[[list[float]], list[float]] | None = None
+    """Element-wise sum over the data-parallel ranks."""
+    teachers: TeacherLayout | None = None
+    """The layout the teachers are distributed by."""
+    vocab: VocabParallel | None = None
+    """The vocabulary-parallel KL's group (tp > 1)."""
+    replica: DecodeReplica | None = None
+    """The whole model decoded on (tensor / expert parallelism)."""
+    tp_group: Any = None
+    """The tp ranks of this data-parallel rank: they split its samples' decoding."""
+
+
 class OPDRun:
     """The prompts, teachers and sampling of one opd run."""
 
     def __init__(self, cfg: TrainerConfig, tokenizer: Any, items: Sequence[Item], device: torch.device,
-                 dtype: torch.dtype, ckpt_dir: Path, vocab_size: int) -> None:
+                 dtype: torch.dtype, ckpt_dir: Path, vocab_size: int, ranks: OPDRanks | None = None) -> None:
         o = cfg.opd
+        self.ranks = ranks or OPDRanks()
+        if o.prompts_per_step % self.ranks.dp:
+            raise ValueError(f"opd.promptsPerStep: {o.prompts_per_step} is not a multiple of dp = {self.ranks.dp}")
         self.cfg, self.items, self.seed = o, list(items), cfg.seed
         for i, t in enumerate(o.teachers):
-            teacher_vocab = args_from_hf_dir(resolve_teacher_dir(str(t.path))).vocab_size
-            if teacher_vocab != vocab_size:
-                raise ValueError(f"opd.teachers.{i}.path: the teacher's vocabulary is {teacher_vocab}, the student's "
+            args = args_from_hf_dir(resolve_teacher_dir(str(t.path)))
+            if args.vocab_size != vocab_size:
+                raise ValueError(f"opd.teachers.{i}.path: the teacher's vocabulary is {args.vocab_size}, the student's "
                                  f"{vocab_size} (distillation compares distributions over one tokenizer)")
+            layout = self.ranks.teachers
+            problem = teacher_layout_problem(args, layout.dims) if layout is not None else None
+            if problem:
+                raise ValueError(f"opd.teachers.{i}.path: the teacher is distributed like the student, but {problem}")
         self.teachers = teachers_of(self.items, o)
         self.order = PromptOrder(len(self.items), cfg.data.seed)
         s = o.sampling
@@ -79,7 +114,7 @@ class OPDRun:
         cache_dir = Path(o.cache_dir) if o.cache_dir else ckpt_dir / "teacher-cache"
         self.pool = TeacherPool([(t.label, t.weight, str(t.path)) for t in o.teachers], device,
                                 HiddenStateCache(o.cache_bytes, cache_dir), make_copy_engine(device.type),
-                                vocab_size=vocab_size, dtype=dtype)
+                                vocab_size=vocab_size, dtype=dtype, layout=self.ranks.teachers)
         self.prompt = PromptCache(tokenizer, self.items, o.prompt_format, o.prompt_set, cfg.data.reasoning_mode,
                                   cfg.data.think_max_prompt)
         """Prompt tokens of item i (encoded once)."""
@@ -88,14 +123,54 @@ class OPDRun:
         """The item indices of optimizer step ``step``."""
         return self.order.at(step, self.cfg.prompts_per_step)
 
+    def my_prompts(self, step: int) -> tuple[int, list[int]]:
+        """(place of this rank's first prompt in the step, its item indices) at ``step``."""
+        every = self.batch_at(step)
+        per = len(every) // self.ranks.dp
+        start = self.ranks.dp_rank * per
+        return start, every[start:start + per]
+
     def step(self, model: Any, step: int) -> OPDStats:
-        """Rollouts, teacher pass and the student's backward for step ``step`` (gradients accumulate)."""
-        batch = self.batch_at(step)
-        return opd_step(model, [self.prompt(i) for i in batch], [self.teachers[i] for i in batch], self.pool,
-                        self.params, samples_per_prompt=self.cfg.samples_per_prompt, seed=self.seed, step=step,
-                        estimator=self.cfg.estimator, chunk_size=self.cfg.chunk_size)
+        """Rollouts, teacher pass and the student's backward for step ``step`` (gradients accumulate); the statistics
+        cover every data-parallel rank."""
+        start, batch = self.my_prompts(step)
+        r = self.ranks
+
+        def sample(prompts: list[list[int]], ids: list[int]) -> list[Rollout]:
+            with decoding(model, r.replica) as m:
+                return shared_over(r.tp_group, list(zip(prompts, ids, strict=True)), lambda part: generate(
+                    m, [p for p, _ in part], self.params, self.seed, sample_ids=[i for _, i in part],
+                    policy_version=step))
+
+        stats = opd_step(model, [self.prompt(i) for i in batch], [self.teachers[i] for i in batch], self.pool,
+                         self.params, samples_per_prompt=self.cfg.samples_per_prompt, seed=self.seed, step=step,
+                         estimator=self.cfg.estimator, chunk_size=self.cfg.chunk_size, first_prompt=start,
+                         step_prompts=self.cfg.prompts_per_step, sampler=sample, reduce=r.sum_over_dp,
+                         vocab=r.vocab)
+        return stats if r.sum_over_dp is None else over_ranks(stats, self.pool.labels, r.sum_over_dp)
 
     def close(self) -> None:
         """Remove the cache's spill files and stop the copy engine."""
         self.pool.close()
         self.pool.engine.close()
+
+
+def over_ranks(stats: OPDStats, labels: Sequence[str], total: Callable[[list[float]], list[float]]) -> OPDStats:
+    """One rank's step statistics made the whole step's: token-weighted KL per teacher and entropy, summed token
+    counts, the mean response length (every rank holds as many samples). The loss stays this rank's share (the
+    loop sums the loss parts over the ranks), as do the batch length, expert counts and seconds."""
+    n_ent = float(sum(stats.kl_tokens.values()))
+    values = [0.0, float(stats.tokens), stats.entropy * n_ent, n_ent, stats.response_length,
+              float(stats.sequence_tokens), 1.0]
+    for label in labels:
+        k = float(stats.kl_tokens.get(label, 0))
+        values += [stats.kl.get(label, 0.0) * k, k]
+    s = total(values)
+    kl, kl_tokens = {}, {}
+    for i, label in enumerate(labels):
+        weighted, k = s[7 + 2 * i], s[8 + 2 * i]
+        if k > 0:
+            kl[label], kl_tokens[label] = weighted / k, int(k)
+    return OPDStats(loss=stats.loss, kl=kl, kl_tokens=kl_tokens, entropy=s[2] / s[3] if s[3] else 0.0, tokens=int(s[1]),
+                    response_length=s[4] / s[6], seq_len=stats.seq_len, sequence_tokens=int(s[5]),
+                    expert_counts=stats.expert_counts, seconds=stats.seconds)

@@ -7,6 +7,12 @@ state after the final norm, and for mHC models after the head's hyper-connection
 response positions' hidden states in a :class:`HiddenStateCache`; the trunk then leaves the accelerator.
 The loss visits the teachers in order (the samples are sorted by teacher), with the next teacher's head
 and hidden states copied to the device through the copy engine while the current teacher's KL computes.
+
+Under a parallel layout (:class:`TeacherLayout`) each teacher is distributed as the student is (tensor and expert
+parallelism, then FSDP2 shards: no rank holds a whole teacher) and every rank runs every teacher's trunk once per
+batch, in configuration order (a rank none of whose samples a teacher scores runs it on one dummy token: the
+trunk's forward holds collectives). The head each rank keeps on the host is its tensor-parallel rank's
+vocabulary shard, for the vocabulary-parallel KL.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +29,8 @@ from trex.trainer.distill.cache import HiddenStateCache
 
 if TYPE_CHECKING:
     from trex.trainer.model.model import DeepSeekModel
+    from trex.trainer.model_args import ModelArgs
+    from trex.trainer.parallel.mesh import Meshes, ParallelDims
 
 CONFIG_NAME = "config.json"
 MANIFEST = "manifest.json"
@@ -45,6 +53,59 @@ def resolve_teacher_dir(path: str | Path) -> Path:
             return step / "hf"
     raise FileNotFoundError(f"teacher {root}: no Hugging Face export (config.json) in the folder, its hf/ or a "
                             "completed step-N/hf (run the teacher with checkpoint.exportHfEvery)")
+
+
+def teacher_layout_problem(args: ModelArgs, dims: ParallelDims) -> str | None:
+    """Why a teacher of shape ``args`` cannot be distributed by the student's degrees (None: it can)."""
+    checks = [(dims.tp, args.num_heads, "tp", "attention head count"),
+              (dims.ep, args.n_routed_experts, "ep", "routed expert count"),
+              (dims.etp, args.moe_intermediate_size, "etp", "expert hidden size"),
+              (dims.tp, args.vocab_size, "tp", "vocabulary (the KL is vocabulary-parallel over tp)")]
+    if args.attention == "csa":
+        checks.append((dims.tp, args.o_groups, "tp", "output group count oGroups"))
+    for degree, size, name, what in checks:
+        if size % degree:
+            return f"{name}={degree} does not divide the teacher's {what} {size}"
+    return None
+
+
+@dataclass
+class TeacherLayout:
+    """The student's parallel layout, which every teacher is distributed by (None in one process)."""
+
+    dims: ParallelDims
+    meshes: Meshes
+    tp_group: Any
+    """The tensor-parallel group (the KL's vocabulary shards), None when tp = 1."""
+
+    def load(self, directory: Path, dtype: torch.dtype, device: torch.device) -> DeepSeekModel:
+        """The teacher in ``directory`` built on the meta device, distributed like the student and filled with its
+        weights (each rank keeps its own shards)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        from trex.trainer.hf import args_from_hf_dir, hf_state_for
+        from trex.trainer.model.model import build_model_from_args
+        from trex.trainer.parallel.init import materialize
+        from trex.trainer.parallel.parallelize import parallelize
+
+        args = args_from_hf_dir(directory)
+        master = torch.float32 if dtype == torch.bfloat16 else dtype
+        model = build_model_from_args(args, device="meta", dtype=master)
+        parallelize(model, self.dims, self.meshes, param_dtype=dtype, reshard_after_forward=True)
+        materialize(model, device, seed=0)
+        state: dict[str, Any] = dict(hf_state_for(model, directory))
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        return model
+
+    def head(self, model: DeepSeekModel, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's vocabulary shard of the teacher's head (a collective over the FSDP2 ranks), in ``dtype``."""
+        from torch.distributed.tensor import DTensor
+
+        from trex.trainer.distill.kl import shard_rows
+
+        w = model.lm_head.weight.detach()
+        full = w.full_tensor() if isinstance(w, DTensor) else w
+        return (shard_rows(full, self.tp_group) if self.tp_group is not None else full).to(dtype).clone()
 
 
 @dataclass
@@ -87,7 +148,7 @@ class TeacherPool:
 
     def __init__(self, teachers: Sequence[tuple[str, float, str | Path]], device: torch.device,
                  cache: HiddenStateCache, engine: CopyEngine, *, vocab_size: int, dtype: torch.dtype = torch.float32,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, layout: TeacherLayout | None = None) -> None:
         self.teachers = {label: Teacher(label, weight, Path(path)) for label, weight, path in teachers}
         self.device = device
         self.cache = cache
@@ -95,6 +156,7 @@ class TeacherPool:
         self.vocab_size = vocab_size
         self.dtype = dtype
         self.prefetch = prefetch
+        self.layout = layout
         self.stats = TeacherStats()
         self._on_device = 0
 
@@ -104,17 +166,22 @@ class TeacherPool:
         return list(self.teachers)
 
     def _load(self, t: Teacher) -> DeepSeekModel:
-        """The teacher's model, read from its folder on first use (kept on the host between batches)."""
+        """The teacher's model, read from its folder on first use (in one process kept on the host between batches;
+        distributed, its shards stay on the device)."""
         if t.model is None:
             from trex.trainer.hf import load_hf
 
-            model = load_hf(resolve_teacher_dir(t.path), device="cpu", dtype=self.dtype)
+            directory = resolve_teacher_dir(t.path)
+            if self.layout is None:
+                model = load_hf(directory, device="cpu", dtype=self.dtype)
+            else:
+                model = self.layout.load(directory, self.dtype, self.device)
             if model.args.vocab_size != self.vocab_size:
                 raise ValueError(f"teacher {t.label}: vocabulary {model.args.vocab_size} != the student's "
                                  f"{self.vocab_size} (distillation needs one tokenizer)")
             model.eval().requires_grad_(False)
             t.model = model
-            t.head = model.lm_head.weight.detach()
+            t.head = model.lm_head.weight.detach() if self.layout is None else self.layout.head(model, self.dtype).cpu()
             if self.device.type != "cpu":
                 t.head = t.head.pin_memory()
             self.stats.trunk_loads += 1
@@ -123,23 +190,44 @@ class TeacherPool:
     @torch.no_grad()
     def teacher_pass(self, input_ids: torch.Tensor, groups: Sequence[Group]) -> None:
         """Run each teacher's trunk once over its samples' rows of ``input_ids`` [B, L] and cache the hidden
-        states at its positions (one trunk on the device at a time)."""
+        states at its positions (one trunk on the device at a time). Distributed: every teacher runs, in
+        configuration order, on every rank (on one dummy token where this rank has no group for it)."""
         length = input_ids.shape[1]
+        if self.layout is not None:
+            mine = {g.label: g for g in groups}
+            for label in self.labels:
+                if label not in mine:
+                    self._load(self.teachers[label])(torch.zeros(self._rows(1), 1, dtype=torch.long,
+                                                                 device=self.device), logits=False)
+                    continue
+                self._cache_hidden(mine[label], input_ids, length)
+            return
         for g in groups:
-            model = self._load(self.teachers[g.label])
-            if self.device.type != "cpu":
-                model.to(self.device)
-            rows = torch.tensor(g.samples, dtype=torch.long)
-            out = model(input_ids[rows].to(self.device), logits=False)
-            assert out.hidden is not None
-            # Flat batch positions -> positions within the teacher's own rows.
-            local = {s: i for i, s in enumerate(g.samples)}
-            pos = g.positions.cpu()
-            index = torch.tensor([local[int(p) // length] for p in pos], dtype=torch.long) * length + pos % length
-            hidden = out.hidden.reshape(-1, out.hidden.shape[-1])[index.to(self.device)]
-            self.cache.put(g.label, hidden)
-            if self.device.type != "cpu":
-                model.to("cpu")
+            self._cache_hidden(g, input_ids, length)
+
+    def _rows(self, n: int) -> int:
+        """Rows of a teacher forward for ``n`` samples: a multiple of tp (the MoE layers split rows over tp)."""
+        tp = self.layout.dims.tp if self.layout is not None else 1
+        return -(-n // tp) * tp
+
+    def _cache_hidden(self, g: Group, input_ids: torch.Tensor, length: int) -> None:
+        """One teacher's trunk over its rows; the hidden states at its positions go to the cache."""
+        model = self._load(self.teachers[g.label])
+        moves = self.device.type != "cpu" and self.layout is None
+        if moves:
+            model.to(self.device)
+        rows = torch.tensor(g.samples + [g.samples[0]] * (self._rows(len(g.samples)) - len(g.samples)),
+                            dtype=torch.long)
+        out = model(input_ids[rows].to(self.device), logits=False)
+        assert out.hidden is not None
+        # Flat batch positions -> positions within the teacher's own rows.
+        local = {s: i for i, s in enumerate(g.samples)}
+        pos = g.positions.cpu()
+        index = torch.tensor([local[int(p) // length] for p in pos], dtype=torch.long) * length + pos % length
+        hidden = out.hidden.reshape(-1, out.hidden.shape[-1])[index.to(self.device)]
+        self.cache.put(g.label, hidden)
+        if moves:
+            model.to("cpu")
 
     def _start(self, g: Group) -> tuple[torch.Tensor, torch.Tensor, CopyHandle]:
         head = self.teachers[g.label].head

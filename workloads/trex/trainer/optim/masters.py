@@ -21,6 +21,8 @@ plainly when they are missing, rather than training on a layout it does not know
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +104,7 @@ def hold_masters(model: nn.Module, pin: bool) -> list[MasterShard]:
             local.data = shard.host_view
             fp._sharded_param_data = host.view(-1)  # the device master is freed with its last reference
             _gather_from(local, compute)
+            local.trex_master = shard  # type: ignore[attr-defined]  # found again by held_masters
             fp._init_extensions()  # FSDP2 looks the hooks up here (and again at its lazy initialisation)
             out.append(shard)
     return out
@@ -123,3 +126,30 @@ def _gather_from(local: torch.Tensor, compute: torch.Tensor) -> None:
 
     local.fsdp_pre_all_gather = pre_all_gather  # type: ignore[attr-defined]
     local.fsdp_post_all_gather = post_all_gather  # type: ignore[attr-defined]
+
+
+def held_masters(model: nn.Module) -> list[MasterShard]:
+    """The master shards :func:`hold_masters` moved to host memory for ``model`` (none when it moved none)."""
+    out: list[MasterShard] = []
+    for p in model.parameters():
+        shard = getattr(getattr(p, "_local_tensor", None), "trex_master", None)
+        if isinstance(shard, MasterShard):
+            out.append(shard)
+    return out
+
+
+@contextlib.contextmanager
+def stored_on_device(shards: Iterable[MasterShard]) -> Iterator[None]:
+    """The master shards stored on the device for the duration, back in their host copies afterwards: for
+    gathering whole parameters (full state dicts), which NCCL / HCCL cannot do from host memory. Between
+    steps only (a step with masters returns once they have landed in host memory)."""
+    moved = list(shards)
+    with torch.no_grad():
+        for m in moved:
+            m.local.data = m.host_view.to(m.compute.device)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m in moved:
+                m.local.data = m.host_view

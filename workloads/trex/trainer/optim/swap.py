@@ -41,7 +41,7 @@ from trex.runtime.copy_engine import CopyEngine, CopyHandle, make_copy_engine
 from trex.trainer.config import SwapConfig
 from trex.trainer.model.layers import local_tensor
 from trex.trainer.optim.build import Optimizers
-from trex.trainer.optim.masters import MasterShard, hold_masters
+from trex.trainer.optim.masters import MasterShard, hold_masters, stored_on_device
 from trex.trainer.optim.muon import ns_batches
 
 _ALIGN = 64
@@ -280,18 +280,11 @@ class SwapOptimizers(Optimizers):
 
     @contextlib.contextmanager
     def masters_on_device(self) -> Iterator[None]:
-        """The master shards stored on the device for the duration (for gathering whole parameters, which
-        a device backend cannot do from host memory); back in their host copies afterwards."""
+        """The master shards stored on the device for the duration, once every write-back has landed (see
+        :func:`stored_on_device`)."""
         self.settle()
-        with torch.no_grad():
-            for m in self.masters.values():
-                m.local.data = m.host_view.to(m.compute.device)
-        try:
+        with stored_on_device(self.masters.values()):
             yield
-        finally:
-            with torch.no_grad():
-                for m in self.masters.values():
-                    m.local.data = m.host_view
 
     def all(self) -> list[torch.optim.Optimizer]:
         """Both optimizers, their states current in host memory (outstanding write-backs waited for)."""

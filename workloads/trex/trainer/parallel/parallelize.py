@@ -89,7 +89,7 @@ def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Mesh
             split_moe_batch(block.mlp, tp_mesh, dims.tp)
 
 
-def _shared_over_tp(t: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
+def shared_over_tp(t: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
     """Identity whose backward sums the gradient over tp: for a replicated tensor that every rank's heads
     (a part of all heads) read, so each rank holds part of its gradient."""
     from torch.distributed.tensor import DTensor, Partial, Replicate
@@ -112,7 +112,7 @@ def tensor_parallel_v4(attn: V4Attention, tp_mesh: Any, tp: int) -> None:
         setattr(mod, name, nn.Parameter(distribute_tensor(full, tp_mesh, [Shard(0)], src_data_rank=None)))
     norms = [attn.kv_norm] + ([attn.compressor.kv_norm] if attn.compressor is not None else [])
     for norm in norms:
-        norm.register_forward_hook(lambda _m, _a, out: _shared_over_tp(out, tp_mesh))
+        norm.register_forward_hook(lambda _m, _a, out: shared_over_tp(out, tp_mesh))
     group = tp_mesh.get_group()
 
     def head_mean(p: torch.Tensor) -> torch.Tensor:
@@ -125,12 +125,12 @@ def tensor_parallel_v4(attn: V4Attention, tp_mesh: Any, tp: int) -> None:
 
 def share_rope_key(attn: MLAttention, tp_mesh: Any) -> None:
     """MLA's rotary key is one vector shared by every head: where it meets the per-head keys it passes
-    _shared_over_tp (the latent part needs nothing: kv_b_proj's column-parallel input already sums its
+    shared_over_tp (the latent part needs nothing: kv_b_proj's column-parallel input already sums its
     gradient)."""
     per_head = attn.expand
 
     def expand(c: torch.Tensor, k_rope_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return per_head(c, _shared_over_tp(k_rope_rot, tp_mesh))
+        return per_head(c, shared_over_tp(k_rope_rot, tp_mesh))
 
     attn.expand = expand  # type: ignore[method-assign]
 

@@ -27,6 +27,7 @@ from trex.evaluation.benchmarks.base import Item
 from trex.evaluation.scoring import CATEGORIES
 from trex.prompt_contract import PAD
 from trex.trainer.config import TrainerConfig
+from trex.trainer.parallel.decode import shared_over
 from trex.trainer.rl.grpo import group_advantages, grpo_loss, token_logprobs
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.reward import Reward, Verifier
@@ -121,12 +122,19 @@ class GRPORun:
 
     def __init__(self, cfg: TrainerConfig, tokenizer: Tokenizer, items: Sequence[Item], verifier: Verifier,
                  wal_dir: Path, dp_rank: int = 0, dp: int = 1,
-                 sum_over_ranks: Callable[[list[float]], list[float]] = lambda v: v) -> None:
+                 sum_over_ranks: Callable[[list[float]], list[float]] = lambda v: v, tp_group: Any = None) -> None:
         g = cfg.grpo
         if g.prompts_per_step % dp:
             raise ValueError(f"grpo.promptsPerStep: {g.prompts_per_step} is not a multiple of dp = {dp}")
         self.cfg, self.tok, self.items, self.verifier = cfg, tokenizer, list(items), verifier
         self.wal_dir, self.dp_rank, self.dp, self.sum = wal_dir, dp_rank, dp, sum_over_ranks
+        self.tp_group = tp_group
+        """The tp ranks of this data-parallel rank (same prompts): they split its decoding and verification."""
+        self.log_name = f"rank-{dp_rank:05d}"
+        if tp_group is not None:
+            import torch.distributed as dist
+
+            self.log_name += f"-tp-{dist.get_rank(tp_group):03d}"
         self.order = PromptOrder(len(self.items), cfg.data.seed)
         self.stop = stop_tokens_of(tokenizer)
         self.params = SamplingParams(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
@@ -145,8 +153,8 @@ class GRPORun:
         return list(enumerate(every))[start:start + per_rank]
 
     def wal_path(self, step: int) -> Path:
-        """This rank's rollout log for ``step``."""
-        return self.wal_dir / f"step-{step:08d}-rank-{self.dp_rank:05d}.wal"
+        """This rank's rollout log for ``step`` (its share of the samples under tp)."""
+        return self.wal_dir / f"step-{step:08d}-{self.log_name}.wal"
 
     def rollout(self, model: Any, step: int) -> tuple[list[Rollout], list[Item]]:
         """G samples per prompt of this rank at ``step`` (policy version = step), logged token by token; logs of
@@ -157,23 +165,29 @@ class GRPORun:
         ids = [(step * self.cfg.grpo.prompts_per_step + pos) * g + k for pos, _ in mine for k in range(g)]
         keep = self.wal_path(step)
         if self.wal_dir.is_dir():
-            for old in self.wal_dir.glob(f"step-*-rank-{self.dp_rank:05d}.wal"):
+            for old in self.wal_dir.glob(f"step-*-{self.log_name}.wal"):
                 if old != keep:
                     old.unlink()
-        wal = RolloutLog(keep, self.cfg.grpo.wal_fsync_every)
-        rollouts = generate(model, prompts, self.params, self.cfg.seed, sample_ids=ids, policy_version=step, wal=wal)
+
+        def decode(part: list[tuple[list[int], int]]) -> list[Rollout]:
+            wal = RolloutLog(keep, self.cfg.grpo.wal_fsync_every)
+            return generate(model, [p for p, _ in part], self.params, self.cfg.seed, sample_ids=[i for _, i in part],
+                            policy_version=step, wal=wal)
+
+        rollouts = shared_over(self.tp_group, list(zip(prompts, ids, strict=True)), decode)
         return rollouts, [self.items[i] for _, i in mine for _ in range(g)]
 
     def score(self, rollouts: Sequence[Rollout], items: Sequence[Item]) -> list[Reward]:
         """The verifier's rewards, in order; a response repeated for the same item (common once a group agrees)
-        is verified once."""
+        is verified once (under tp, by one of the tp ranks)."""
         texts = [response_text(self.tok, r, self.stop) for r in rollouts]
         first: dict[tuple[str, str], int] = {}
         for t, it in zip(texts, items, strict=True):
             first.setdefault((t, it.id), len(first))
         distinct = list(first)
         by_id = {it.id: it for it in items}
-        scored = asyncio.run(self.verifier.score([t for t, _ in distinct], [by_id[i] for _, i in distinct]))
+        scored = shared_over(self.tp_group, distinct, lambda part: asyncio.run(
+            self.verifier.score([t for t, _ in part], [by_id[i] for _, i in part])) if part else [])
         return [scored[first[(t, it.id)]] for t, it in zip(texts, items, strict=True)]
 
     def backward(self, model: Any, reference: nn.Module | None, rollouts: Sequence[Rollout],
