@@ -155,6 +155,40 @@ def test_triton_plan_equals_brute_force_and_fits_shared_memory(solver: str) -> N
     assert model_time(p.model, {"BLOCK": 512, "WARPS": 4, "STAGES": 3}) is not None
 
 
+def _triton_moe_smem(name: str, shape: dict[str, int], p: dict[str, int]) -> float:
+    """Bytes a Triton MoE program stages on chip, written out from the kernels' loads (fp32)."""
+    def p2(n: int) -> int:
+        return max(2, 1 << (n - 1).bit_length())
+    if name == "router_topk":
+        return 3 * 4 * p["BLOCK"] * p2(shape["experts"])  # logits, scores, selection keys
+    if name == "grouped_gemm":
+        return p["STAGES"] * 4 * (p["MB"] * p["KB"] + p["KB"] * p["NB"])  # x and W operand tiles
+    return p["STAGES"] * 4 * p["BLOCK"] * (2 + p2(shape["streams"] ** 2))  # x, gamma, w slices
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize(("name", "shape", "too_big"), [
+    ("router_topk", {"tokens": 4096, "experts": 256, "k": 8, "score": 2}, {"BLOCK": 32, "WARPS": 4}),
+    ("grouped_gemm", {"tokens": 4096, "experts": 16, "hidden": 1024, "out": 512},
+     {"MB": 128, "NB": 128, "KB": 64, "WARPS": 4, "STAGES": 3}),
+    ("mhc_pre", {"tokens": 4096, "streams": 4, "hidden": 1024, "iters": 20}, {"BLOCK": 1024, "WARPS": 4, "STAGES": 2}),
+])
+def test_triton_moe_plans_equal_brute_force_and_fit_shared_memory(solver: str, name: str, shape: dict[str, int],
+                                                                  too_big: dict[str, int]) -> None:
+    from trex.kernels.backends.triton import TritonBackend
+
+    facts = DeviceFacts(name="cuda:test", peak_flops=5e13, bandwidth=3e12, caches={"SMEM": 48 << 10, "L2": 50 << 20},
+                        level_bandwidth={}, cores=132, source="nominal")
+    be = TritonBackend(facts=facts)
+    p = plan(SUITE[name], shape, "fp32", be, facts, k=5, solver=solver)  # type: ignore[arg-type]
+    assert p.model is not None
+    assert [c.predicted for c in p.ranked] == pytest.approx(_brute(p.model, 5), rel=1e-9)
+    for c in p.ranked:
+        assert _triton_moe_smem(name, shape, c.params) <= 48 << 10
+        assert be.predict(SUITE[name], shape, "fp32", c.params, facts) == pytest.approx(c.predicted, rel=1e-9)
+    assert _triton_moe_smem(name, shape, too_big) > 48 << 10 and model_time(p.model, too_big) is None
+
+
 def test_double_buffering_is_a_real_tradeoff() -> None:
     """A tile length that fits only single-buffered competes with a shorter double-buffered one."""
     be = AscendCBackend(soc="ascend910b")
