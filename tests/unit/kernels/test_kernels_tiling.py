@@ -189,6 +189,31 @@ def test_triton_moe_plans_equal_brute_force_and_fit_shared_memory(solver: str, n
     assert _triton_moe_smem(name, shape, too_big) > 48 << 10 and model_time(p.model, too_big) is None
 
 
+def test_cpu_model_router_and_mhc_terms(cpu_backend) -> None:  # type: ignore[no-untyped-def]
+    """The router pays two libm calls per (token, expert) for sqrt-softplus, so every libm configuration is
+    modelled slower than every polynomial one; the four-stream mHC accumulates only its norm and Sinkhorn in
+    double, so ACC_DOUBLE moves its model by little, while the generic path pays it on every FLOP."""
+    facts = cpu_backend.facts()
+    spec, shape = SUITE["router_topk"], dict(SUITE["router_topk"].default_shapes[0])
+    model = cpu_backend.tiling_model(spec, shape, "fp32", facts)
+    space = {**model.space, "THREADS": (1,), "CHUNK": (16,)}
+    times = {(c["EXP_POLY"], tuple(sorted(c.items()))): r[0] for c in enumerate_configs(space)
+             for r in [model_time(model, c)] if r is not None}
+    libm = [t for (ep, _), t in times.items() if ep == 0]
+    poly = [t for (ep, _), t in times.items() if ep == 1]
+    assert libm and poly and min(libm) > max(poly)
+
+    def gap(name: str, dims: dict[str, int]) -> float:
+        m = cpu_backend.tiling_model(SUITE[name], dims, "fp32", facts)
+        base = {"THREADS": 1, "VEC": 16, "UNROLL": 1, "CHUNK": m.space["CHUNK"][0], "FUSED": 1}
+        t0, t1 = (model_time(m, {**base, "ACC_DOUBLE": a}) for a in (0, 1))
+        assert t0 is not None and t1 is not None
+        return t1[0] / t0[0]
+    four = gap("mhc_pre", {"tokens": 256, "streams": 4, "hidden": 512, "iters": 20})
+    three = gap("mhc_pre", {"tokens": 256, "streams": 3, "hidden": 512, "iters": 20})
+    assert 1.0 < four < 1.1 < three
+
+
 def test_double_buffering_is_a_real_tradeoff() -> None:
     """A tile length that fits only single-buffered competes with a shorter double-buffered one."""
     be = AscendCBackend(soc="ascend910b")
