@@ -24,6 +24,10 @@ def test_coverage_agrees_with_backend_supports(backend: str) -> None:
     ({"backend": "cpu-c", "kernels": ["mhc_pre"], "dtypes": ["fp32", "bf16"]}, "dtypes: backend cpu-c has no bf16 template for mhc_pre"),
     ({"backend": "cuda-triton", "kernels": ["grouped_gemm"], "dtypes": ["fp32", "bf16"]},
      "dtypes: backend cuda-triton has no bf16 template for grouped_gemm (it has fp32)"),
+    ({"shapes": [{"kernel": "router_topk", "dims": {"tokens": 8, "experts": 16, "k": 2, "score": 3}}]},
+     "shapes[0].dims.score: must be 1 (sigmoid) or 2 (sqrt-softplus), got 3"),
+    ({"shapes": [{"kernel": "router_topk", "dims": {"tokens": 8, "experts": 4, "k": 6, "score": 1}}]},
+     "shapes[0].dims.k: must be in [1, experts=4], got 6"),
     ({"shapes": [{"kernel": "rope_fwd", "dims": {"rows": 4, "cols": 8}}]}, "shapes[0].dims: rope_fwd takes dims"),
 ])
 def test_uncovered_requests_rejected(fields: dict[str, object], words: str) -> None:

@@ -93,10 +93,10 @@ class TritonCompiled(Compiled):
         elif n == "kl_div":
             args, grid = (i["p_logits"], i["q_logits"], o["kl"], shape["vocab"]), (shape["rows"],)
         elif n == "router_topk":
-            if shape["score"] not in (1, 2):
-                raise ValueError(f"dims.score must be 1 (sigmoid) or 2 (sqrt-softplus), got {shape['score']}")
-            if not 1 <= shape["k"] <= shape["experts"]:
-                raise ValueError(f"dims.k must be in [1, experts={shape['experts']}], got {shape['k']}")
+            rule = self.spec.dims_problem
+            why = rule(shape) if rule is not None else None
+            if why:
+                raise ValueError(f"dims.{why}")
             args = (i["logits"], i["bias"], o["idx"], o["weights"], shape["tokens"], shape["experts"])
             const |= {"K": shape["k"], "SCORE": shape["score"], "EP": pow2(shape["experts"]), "KP": pow2(shape["k"])}
             grid = (triton.cdiv(shape["tokens"], blk),)
