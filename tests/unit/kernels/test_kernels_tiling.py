@@ -98,7 +98,7 @@ def test_infeasible_model_returns_nothing() -> None:
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-@pytest.mark.parametrize("name", ["grouped_gemm", "cross_entropy", "rmsnorm_fwd", "router_topk"])
+@pytest.mark.parametrize("name", ["grouped_gemm", "cross_entropy", "rmsnorm_fwd", "router_topk", "mhc_pre"])
 def test_cpu_plan_equals_brute_force_and_respects_constraints(cpu_backend, name: str, solver: str) -> None:  # type: ignore[no-untyped-def]
     spec = SUITE[name]
     shape = spec.default_shapes[0]

@@ -54,6 +54,23 @@ def double_flops(spec: KernelSpec, shape: Mapping[str, int], fl: float) -> float
     return fl
 
 
+def vector_width(spec: KernelSpec, shape: Mapping[str, int], vec: int) -> int:
+    """The simd length the hot loop can use: the mHC projection's inner loop runs streams^2 iterations, so a
+    longer simdlen than that (rounded down to a VEC value, at least 8) adds nothing."""
+    if spec.kclass == "mixing" and vec:
+        trip = max(8, shape["streams"] ** 2)
+        return min(vec, max(v for v in (8, 16, 32, 64) if v <= trip))
+    return vec
+
+
+def unfused_flops(spec: KernelSpec, shape: Mapping[str, int]) -> float:
+    """Extra FLOPs of FUSED 0: the mHC projection scales every feature by rstd (one multiply per element)
+    instead of scaling the n*n logits once."""
+    if spec.kclass == "mixing":
+        return float(shape["tokens"] * shape["streams"] * shape["hidden"])
+    return 0.0
+
+
 def compute_seconds(spec: KernelSpec, shape: Mapping[str, int], fl: float, core_peak: float, eff: float,
                     acc_double: bool) -> float:
     """Arithmetic seconds on one core: vector FLOPs at ``eff`` of the peak (double accumulation at 60 % of
@@ -129,10 +146,12 @@ def predict(spec: KernelSpec, shape: Mapping[str, int], dtype: str, params: Mapp
     cores = max(1, facts.cores)
     th = min(int(params.get("THREADS", 1)), cores)
     per_core_peak = facts.peak_flops / cores
-    vec = int(params.get("VEC", 0))
+    vec = vector_width(spec, shape, int(params.get("VEC", 0)))
     # scalar loops reach ~1/4 of the vector peak; simdlen 16 uses full 512-bit registers
     eff = {0: 0.25 + 0.05 * min(int(params.get("UNROLL", 1)), 4), 8: 0.8, 16: 1.0, 32: 1.15, 64: 1.2}.get(vec, 0.5)
     t_cmp = compute_seconds(spec, shape, fl, per_core_peak * th, eff, bool(params.get("ACC_DOUBLE", 0)))
+    if not params.get("FUSED", 1):
+        t_cmp += unfused_flops(spec, shape) / (per_core_peak * th * eff)
     n_elem = moved / e
     exp_cost = 1.2e-9 if not params.get("EXP_POLY", 0) else (0.15e-9 if vec else 0.6e-9)
     t_cmp += transcendentals(spec, shape, n_elem) * exp_cost / th
