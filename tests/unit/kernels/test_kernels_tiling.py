@@ -98,7 +98,7 @@ def test_infeasible_model_returns_nothing() -> None:
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-@pytest.mark.parametrize("name", ["grouped_gemm", "cross_entropy", "rmsnorm_fwd", "router_topk"])
+@pytest.mark.parametrize("name", ["grouped_gemm", "cross_entropy", "rmsnorm_fwd", "router_topk", "mhc_pre"])
 def test_cpu_plan_equals_brute_force_and_respects_constraints(cpu_backend, name: str, solver: str) -> None:  # type: ignore[no-untyped-def]
     spec = SUITE[name]
     shape = spec.default_shapes[0]
@@ -153,6 +153,65 @@ def test_triton_plan_equals_brute_force_and_fits_shared_memory(solver: str) -> N
         assert c.params["STAGES"] * c.params["BLOCK"] * 4 * 4 <= 48 << 10  # x, w, y, rstd slices per stage
     assert model_time(p.model, {"BLOCK": 4096, "WARPS": 4, "STAGES": 3}) is None  # 192 KiB: the limit binds
     assert model_time(p.model, {"BLOCK": 512, "WARPS": 4, "STAGES": 3}) is not None
+
+
+def _triton_moe_smem(name: str, shape: dict[str, int], p: dict[str, int]) -> float:
+    """Bytes a Triton MoE program stages on chip, written out from the kernels' loads (fp32)."""
+    def p2(n: int) -> int:
+        return max(2, 1 << (n - 1).bit_length())
+    if name == "router_topk":
+        return 3 * 4 * p["BLOCK"] * p2(shape["experts"])  # logits, scores, selection keys
+    if name == "grouped_gemm":
+        return p["STAGES"] * 4 * (p["MB"] * p["KB"] + p["KB"] * p["NB"])  # x and W operand tiles
+    return p["STAGES"] * 4 * p["BLOCK"] * (2 + p2(shape["streams"] ** 2))  # x, gamma, w slices
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize(("name", "shape", "too_big"), [
+    ("router_topk", {"tokens": 4096, "experts": 256, "k": 8, "score": 2}, {"BLOCK": 32, "WARPS": 4}),
+    ("grouped_gemm", {"tokens": 4096, "experts": 16, "hidden": 1024, "out": 512},
+     {"MB": 128, "NB": 128, "KB": 64, "WARPS": 4, "STAGES": 3}),
+    ("mhc_pre", {"tokens": 4096, "streams": 4, "hidden": 1024, "iters": 20}, {"BLOCK": 1024, "WARPS": 4, "STAGES": 2}),
+])
+def test_triton_moe_plans_equal_brute_force_and_fit_shared_memory(solver: str, name: str, shape: dict[str, int],
+                                                                  too_big: dict[str, int]) -> None:
+    from trex.kernels.backends.triton import TritonBackend
+
+    facts = DeviceFacts(name="cuda:test", peak_flops=5e13, bandwidth=3e12, caches={"SMEM": 48 << 10, "L2": 50 << 20},
+                        level_bandwidth={}, cores=132, source="nominal")
+    be = TritonBackend(facts=facts)
+    p = plan(SUITE[name], shape, "fp32", be, facts, k=5, solver=solver)  # type: ignore[arg-type]
+    assert p.model is not None
+    assert [c.predicted for c in p.ranked] == pytest.approx(_brute(p.model, 5), rel=1e-9)
+    for c in p.ranked:
+        assert _triton_moe_smem(name, shape, c.params) <= 48 << 10
+        assert be.predict(SUITE[name], shape, "fp32", c.params, facts) == pytest.approx(c.predicted, rel=1e-9)
+    assert _triton_moe_smem(name, shape, too_big) > 48 << 10 and model_time(p.model, too_big) is None
+
+
+def test_cpu_model_router_and_mhc_terms(cpu_backend) -> None:  # type: ignore[no-untyped-def]
+    """The router pays two libm calls per (token, expert) for sqrt-softplus, so every libm configuration is
+    modelled slower than every polynomial one; the four-stream mHC accumulates only its norm and Sinkhorn in
+    double, so ACC_DOUBLE moves its model by little, while the generic path pays it on every FLOP."""
+    facts = cpu_backend.facts()
+    spec, shape = SUITE["router_topk"], dict(SUITE["router_topk"].default_shapes[0])
+    model = cpu_backend.tiling_model(spec, shape, "fp32", facts)
+    space = {**model.space, "THREADS": (1,), "CHUNK": (16,)}
+    times = {(c["EXP_POLY"], tuple(sorted(c.items()))): r[0] for c in enumerate_configs(space)
+             for r in [model_time(model, c)] if r is not None}
+    libm = [t for (ep, _), t in times.items() if ep == 0]
+    poly = [t for (ep, _), t in times.items() if ep == 1]
+    assert libm and poly and min(libm) > max(poly)
+
+    def gap(name: str, dims: dict[str, int]) -> float:
+        m = cpu_backend.tiling_model(SUITE[name], dims, "fp32", facts)
+        base = {"THREADS": 1, "VEC": 16, "UNROLL": 1, "CHUNK": m.space["CHUNK"][0], "FUSED": 1}
+        t0, t1 = (model_time(m, {**base, "ACC_DOUBLE": a}) for a in (0, 1))
+        assert t0 is not None and t1 is not None
+        return t1[0] / t0[0]
+    four = gap("mhc_pre", {"tokens": 256, "streams": 4, "hidden": 512, "iters": 20})
+    three = gap("mhc_pre", {"tokens": 256, "streams": 3, "hidden": 512, "iters": 20})
+    assert 1.0 < four < 1.1 < three
 
 
 def test_double_buffering_is_a_real_tradeoff() -> None:

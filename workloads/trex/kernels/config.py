@@ -109,7 +109,8 @@ class KernelTuneConfig(TrexModel):
 def coverage_problem(backend: str, kernels: Sequence[str], dtypes: Sequence[str],
                      shapes: Sequence[tuple[str, dict[str, int]]]) -> str | None:
     """One line naming the field that asks for something the backend cannot tune (a kernel without a
-    template, a dtype no selected kernel has, a shape with the wrong dimension names), or None."""
+    template, a dtype no selected kernel has, a shape with the wrong dimension names or values the kernel
+    does not compute), or None."""
     from trex.kernels.backends import coverage
     from trex.kernels.suite import SUITE
 
@@ -118,6 +119,10 @@ def coverage_problem(backend: str, kernels: Sequence[str], dtypes: Sequence[str]
         want = SUITE[name].dim_names
         if set(dims) != set(want):
             return f"shapes[{i}].dims: {name} takes dims {list(want)}, got {sorted(dims)}"
+        rule = SUITE[name].dims_problem
+        why = rule(dims) if rule is not None else None
+        if why:
+            return f"shapes[{i}].dims.{why}"
     for name in kernels:
         if name not in have:
             return f"kernels: backend {backend} has no template for {name} (it has {', '.join(have)})"

@@ -13,10 +13,20 @@ GPU_SHAPES: dict[str, dict[str, int]] = {
     "rmsnorm_fwd": {"rows": 8192, "cols": 4096}, "swiglu_clamp_fwd": {"rows": 8192, "cols": 4096},
     "swiglu_clamp_bwd": {"rows": 8192, "cols": 4096}, "rope_fwd": {"tokens": 8192, "heads": 32, "dim": 128},
     "rope_inv": {"tokens": 8192, "heads": 32, "dim": 128}, "cross_entropy": {"rows": 4096, "vocab": 32000},
-    "kl_div": {"rows": 2048, "vocab": 32000},
+    "kl_div": {"rows": 2048, "vocab": 32000}, "router_topk": {"tokens": 16384, "experts": 256, "k": 8, "score": 2},
+    "grouped_gemm": {"tokens": 8192, "experts": 16, "hidden": 2048, "out": 1024},
+    "mhc_pre": {"tokens": 8192, "streams": 4, "hidden": 4096, "iters": 20},
 }
 CONFIGS = ({"BLOCK": 1024, "WARPS": 4, "STAGES": 2}, {"BLOCK": 4096, "WARPS": 8, "STAGES": 2},
            {"BLOCK": 256, "WARPS": 2, "STAGES": 1})
+MOE_CONFIGS: dict[str, tuple[dict[str, int], ...]] = {
+    "router_topk": ({"BLOCK": 16, "WARPS": 4}, {"BLOCK": 4, "WARPS": 2}, {"BLOCK": 32, "WARPS": 8}),
+    "grouped_gemm": ({"MB": 32, "NB": 64, "KB": 32, "WARPS": 4, "STAGES": 2},
+                     {"MB": 64, "NB": 128, "KB": 32, "WARPS": 8, "STAGES": 3},
+                     {"MB": 16, "NB": 64, "KB": 64, "WARPS": 4, "STAGES": 2}),
+    "mhc_pre": ({"BLOCK": 256, "WARPS": 4, "STAGES": 2}, {"BLOCK": 1024, "WARPS": 8, "STAGES": 2},
+                {"BLOCK": 128, "WARPS": 2, "STAGES": 1}),
+}
 
 
 def check_one(be: Any, facts: Any, spec: Any, shape: dict[str, int], dtype: str, samples: int,
@@ -35,7 +45,7 @@ def check_one(be: Any, facts: Any, spec: Any, shape: dict[str, int], dtype: str,
     inputs = {k: v.cuda() for k, v in spec.make_inputs(shape, dtype, 0).items()}
     best: tuple[float, dict[str, int]] | None = None
     why = ""
-    for cfg in CONFIGS:
+    for cfg in MOE_CONFIGS.get(name, CONFIGS):
         comp = be.compile(spec, cfg, dtype)
         v = verify(spec, comp, dtype, seeds=5, shapes=[*spec.tail_shapes, shape], device="cuda")
         if not v.ok:

@@ -22,8 +22,62 @@ Regime = Literal["memory", "compute", "overhead"]
 LAUNCH_S = 3e-6
 FORK_JOIN_S = 8e-6
 OVERLAP = 0.25
+SCALAR_EFF = 0.25
+"""Fraction of the vector peak a scalar loop reaches."""
 # transcendental evaluations per element (libm expf costs ~10x a vectorised polynomial)
-EXP_PER_ELEM = {"elementwise": 1.0, "loss": 1.5, "routing": 1.0}
+EXP_PER_ELEM = {"elementwise": 1.0, "loss": 1.5}
+
+
+def transcendentals(spec: KernelSpec, shape: Mapping[str, int], n_elem: float) -> float:
+    """Transcendental evaluations of one call: the router's score needs one per (token, expert) for the
+    sigmoid and two for sqrt-softplus (an exp and a log1p); other kernels ``EXP_PER_ELEM`` per element moved."""
+    if spec.kclass == "routing":
+        return float(shape["tokens"] * shape["experts"] * (1 if shape.get("score", 2) == 1 else 2))
+    return EXP_PER_ELEM.get(spec.kclass, 0.0) * n_elem
+
+
+def scalar_flops(spec: KernelSpec, shape: Mapping[str, int]) -> float:
+    """FLOPs that stay scalar whatever the vector width: the router's top-k insertion into a sorted k-list
+    (a compare per expert and a shift per insertion, with data-dependent branches)."""
+    if spec.kclass == "routing":
+        return 2.0 * shape["tokens"] * shape["experts"] * shape["k"]
+    return 0.0
+
+
+def double_flops(spec: KernelSpec, shape: Mapping[str, int], fl: float) -> float:
+    """FLOPs that ACC_DOUBLE moves to double precision: all of them, except in the mHC pre-projection with
+    four streams, whose 4 x 16 projection accumulators stay float in registers (only the mean square and
+    Sinkhorn accumulate in double)."""
+    if spec.kclass == "mixing" and shape["streams"] ** 2 == 16:
+        f = shape["streams"] * shape["hidden"]
+        return 4.0 * shape["tokens"] * f + 4.0 * shape["tokens"] * shape["iters"] * shape["streams"] ** 2
+    return fl
+
+
+def vector_width(spec: KernelSpec, shape: Mapping[str, int], vec: int) -> int:
+    """The simd length the hot loop can use: the mHC projection's inner loop runs streams^2 iterations, so a
+    longer simdlen than that (rounded down to a VEC value, at least 8) adds nothing."""
+    if spec.kclass == "mixing" and vec:
+        trip = max(8, shape["streams"] ** 2)
+        return min(vec, max(v for v in (8, 16, 32, 64) if v <= trip))
+    return vec
+
+
+def unfused_flops(spec: KernelSpec, shape: Mapping[str, int]) -> float:
+    """Extra FLOPs of FUSED 0: the mHC projection scales every feature by rstd (one multiply per element)
+    instead of scaling the n*n logits once."""
+    if spec.kclass == "mixing":
+        return float(shape["tokens"] * shape["streams"] * shape["hidden"])
+    return 0.0
+
+
+def compute_seconds(spec: KernelSpec, shape: Mapping[str, int], fl: float, core_peak: float, eff: float,
+                    acc_double: bool) -> float:
+    """Arithmetic seconds on one core: vector FLOPs at ``eff`` of the peak (double accumulation at 60 % of
+    that on the FLOPs it affects), the scalar ones at SCALAR_EFF."""
+    sfl = scalar_flops(spec, shape)
+    dfl = min(double_flops(spec, shape, fl), fl - sfl) if acc_double else 0.0
+    return (fl - sfl - dfl) / (core_peak * eff) + dfl / (core_peak * eff * 0.6) + sfl / (core_peak * SCALAR_EFF)
 
 
 @dataclass(frozen=True)
@@ -92,15 +146,15 @@ def predict(spec: KernelSpec, shape: Mapping[str, int], dtype: str, params: Mapp
     cores = max(1, facts.cores)
     th = min(int(params.get("THREADS", 1)), cores)
     per_core_peak = facts.peak_flops / cores
-    vec = int(params.get("VEC", 0))
+    vec = vector_width(spec, shape, int(params.get("VEC", 0)))
     # scalar loops reach ~1/4 of the vector peak; simdlen 16 uses full 512-bit registers
     eff = {0: 0.25 + 0.05 * min(int(params.get("UNROLL", 1)), 4), 8: 0.8, 16: 1.0, 32: 1.15, 64: 1.2}.get(vec, 0.5)
-    if params.get("ACC_DOUBLE", 0):
-        eff *= 0.6
-    t_cmp = fl / (per_core_peak * th * eff)
+    t_cmp = compute_seconds(spec, shape, fl, per_core_peak * th, eff, bool(params.get("ACC_DOUBLE", 0)))
+    if not params.get("FUSED", 1):
+        t_cmp += unfused_flops(spec, shape) / (per_core_peak * th * eff)
     n_elem = moved / e
     exp_cost = 1.2e-9 if not params.get("EXP_POLY", 0) else (0.15e-9 if vec else 0.6e-9)
-    t_cmp += EXP_PER_ELEM.get(spec.kclass, 0.0) * n_elem * exp_cost / th
+    t_cmp += transcendentals(spec, shape, n_elem) * exp_cost / th
     passes = 1.0
     if spec.kclass in ("loss", "mixing") and not params.get("FUSED", 1):
         row_bytes = moved / max(1, shape.get("rows", shape.get("tokens", 1)))

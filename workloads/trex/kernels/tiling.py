@@ -341,7 +341,14 @@ def cpu_model(spec: KernelSpec, shape: Mapping[str, int], dtype: str, space: Par
     per-core peak at the vector width and thread count, streaming bytes over the measured bandwidth of the
     data's level at that thread count (a stage spilling out of L1 re-reads 10 %), fork/join per launch,
     per-block issue and chunk imbalance."""
-    from trex.kernels.roofline import EXP_PER_ELEM, FORK_JOIN_S, LAUNCH_S
+    from trex.kernels.roofline import (
+        FORK_JOIN_S,
+        LAUNCH_S,
+        compute_seconds,
+        transcendentals,
+        unfused_flops,
+        vector_width,
+    )
 
     e = elem_bytes(dtype)
     moved, fl = spec.bytes_moved(shape, e), spec.flops(shape)
@@ -366,6 +373,7 @@ def cpu_model(spec: KernelSpec, shape: Mapping[str, int], dtype: str, space: Par
     forbid: dict[tuple[str, int], str] = {}
     pairs: dict[tuple[tuple[str, int], tuple[str, int]], str] = {}
     n_elem = moved / e
+    n_exp = transcendentals(spec, shape, n_elem)
     # compute: FLOPs over the cores' peak at the vector width (accumulating in double costs 40 %), transcendental
     # evaluations at the libm or polynomial rate
     cg = pick("VEC", "UNROLL", "ACC_DOUBLE", "EXP_POLY", "THREADS")
@@ -373,11 +381,11 @@ def cpu_model(spec: KernelSpec, shape: Mapping[str, int], dtype: str, space: Par
     for c in itertools.product(*(space[n] for n in cg)):
         p = dict(zip(cg, c, strict=True))
         th = min(int(p.get("THREADS", 1)), cores)
-        vec = int(p.get("VEC", 0))
-        eff = _vec_eff(vec, int(p.get("UNROLL", 1))) * (0.6 if p.get("ACC_DOUBLE", 0) else 1.0)
-        t = fl / (pcp * th * eff) if spec.kclass != "gemm" else 0.0
+        vec = vector_width(spec, shape, int(p.get("VEC", 0)))
+        eff = _vec_eff(vec, int(p.get("UNROLL", 1)))
+        t = compute_seconds(spec, shape, fl, pcp * th, eff, bool(p.get("ACC_DOUBLE", 0))) if spec.kclass != "gemm" else 0.0
         exp_cost = 1.2e-9 if not p.get("EXP_POLY", 0) else (0.15e-9 if vec else 0.6e-9)
-        comp[c] = t + EXP_PER_ELEM.get(spec.kclass, 0.0) * n_elem * exp_cost / th
+        comp[c] = t + n_exp * exp_cost / th
     groups.append(Group(cg, compute=comp))
     # memory: the data's bandwidth at the thread count; a stage spilling out of L1 re-reads part of it
     mg = (LEVEL, *pick("THREADS"))
@@ -387,6 +395,15 @@ def cpu_model(spec: KernelSpec, shape: Mapping[str, int], dtype: str, space: Par
         spill = 0.1 if (levels[c[0]][0] != "L1" and "BLOCK" in has) else 0.0
         memory[c] = moved / bw(th) * (1.0 + spill)
     groups.append(Group(mg, memory=memory))
+    if "FUSED" in has and "VEC" in has and unfused_flops(spec, shape):
+        fg = pick("FUSED", "VEC", "UNROLL", "THREADS")
+        fcomp: dict[Combo, float] = {}
+        for c in itertools.product(*(space[n] for n in fg)):
+            p = dict(zip(fg, c, strict=True))
+            if not p["FUSED"]:
+                eff = _vec_eff(vector_width(spec, shape, int(p["VEC"])), int(p.get("UNROLL", 1)))
+                fcomp[c] = unfused_flops(spec, shape) / (pcp * min(int(p.get("THREADS", 1)), cores) * eff)
+        groups.append(Group(fg, compute=fcomp))
     if "FUSED" in has and spec.kclass in ("loss", "mixing"):
         row_bytes = moved / max(1, shape.get("rows", shape.get("tokens", 1)))
         extra = 1.0 if row_bytes > facts.caches.get("L2", 1 << 20) / 2 else 0.0

@@ -1,4 +1,5 @@
-"""cuda-triton backend: Triton kernels with tunable BLOCK, num_warps (WARPS) and num_stages (STAGES).
+"""cuda-triton backend: Triton kernels with tunable tiles (BLOCK; MB/NB/KB for the grouped GEMM), num_warps
+(WARPS) and num_stages (STAGES).
 
 Timing needs a CUDA device. Correctness also runs without one under TRITON_INTERPRET=1 (set before
 triton is first imported), where the interpreter executes the kernels on CPU torch tensors.
@@ -25,14 +26,20 @@ from trex.kernels.suite.base import KernelSpec
 if TYPE_CHECKING:
     import torch
 
-    from trex.kernels.tiling import TilingModel
+    from trex.kernels.tiling import Group, TilingModel
 
 TRITON_KERNELS: tuple[str, ...] = (
     "rmsnorm_fwd", "swiglu_clamp_fwd", "swiglu_clamp_bwd", "rope_fwd", "rope_inv", "cross_entropy", "kl_div",
+    "router_topk", "grouped_gemm", "mhc_pre",
 )
 _FN = {"rmsnorm_fwd": "rmsnorm_fwd_kernel", "swiglu_clamp_fwd": "swiglu_fwd_kernel",
        "swiglu_clamp_bwd": "swiglu_bwd_kernel", "rope_fwd": "rope_kernel", "rope_inv": "rope_kernel",
-       "cross_entropy": "cross_entropy_kernel", "kl_div": "kl_div_kernel"}
+       "cross_entropy": "cross_entropy_kernel", "kl_div": "kl_div_kernel", "router_topk": "router_topk_kernel",
+       "grouped_gemm": "grouped_gemm_kernel", "mhc_pre": "mhc_pre_kernel"}
+_WARPS: tuple[int, ...] = (1, 2, 4, 8, 16)
+_STAGES: tuple[int, ...] = (1, 2, 3)
+LOOP_S = 2e-8
+"""Seconds charged per loop iteration of one program (issue and address arithmetic of one slice)."""
 
 # Per-SKU figures (dense fp32 non-tensor-core FLOP/s, HBM B/s, L2 bytes) from NVIDIA's datasheets, used when
 # measuring is not wanted; the measured path is the default.
@@ -63,10 +70,10 @@ class TritonCompiled(Compiled):
              shape: Mapping[str, int]) -> Callable[[], None]:
         import triton
 
-        k, s, n = self._kernel, self.spec.scalars, self.spec.name
-        blk = int(self.params["BLOCK"])
-        opts = {"BLOCK": blk, "num_warps": int(self.params["WARPS"]), "num_stages": int(self.params["STAGES"])}
+        k, s, n, p = self._kernel, self.spec.scalars, self.spec.name, self.params
         i, o = inputs, outputs
+        blk = int(p.get("BLOCK", 0))
+        const: dict[str, int] = {"BLOCK": blk} if blk else {}
         if n == "rmsnorm_fwd":
             args: tuple[Any, ...] = (i["x"], i["w"], o["y"], o["rstd"], shape["cols"], float(s["eps"]))
             grid: tuple[int, ...] = (shape["rows"],)
@@ -83,9 +90,32 @@ class TritonCompiled(Compiled):
             grid = (shape["tokens"] * shape["heads"],)
         elif n == "cross_entropy":
             args, grid = (i["logits"], i["target"], o["loss"], shape["vocab"]), (shape["rows"],)
-        else:
+        elif n == "kl_div":
             args, grid = (i["p_logits"], i["q_logits"], o["kl"], shape["vocab"]), (shape["rows"],)
+        elif n == "router_topk":
+            rule = self.spec.dims_problem
+            why = rule(shape) if rule is not None else None
+            if why:
+                raise ValueError(f"dims.{why}")
+            args = (i["logits"], i["bias"], o["idx"], o["weights"], shape["tokens"], shape["experts"])
+            const |= {"K": shape["k"], "SCORE": shape["score"], "EP": pow2(shape["experts"]), "KP": pow2(shape["k"])}
+            grid = (triton.cdiv(shape["tokens"], blk),)
+        elif n == "grouped_gemm":
+            args = (i["x"], i["w"], i["offsets"], o["y"], shape["hidden"], shape["out"])
+            const |= {"MB": int(p["MB"]), "NB": int(p["NB"]), "KB": int(p["KB"])}
+            grid = (triton.cdiv(shape["out"], int(p["NB"])), shape["experts"])
+        else:
+            args = (i["x"], i["gamma"], i["w"], o["h"], shape["streams"] * shape["hidden"], shape["iters"],
+                    float(s["eps"]))
+            const |= {"N": shape["streams"], "NNP": pow2(shape["streams"] ** 2)}
+            grid = (shape["tokens"],)
+        opts = {**const, "num_warps": int(p["WARPS"]), "num_stages": int(p.get("STAGES", 1))}
         return _launcher(k, grid, args, opts)
+
+
+def pow2(n: int) -> int:
+    """Smallest power of two >= n, at least 2 (a tl.arange length must be a power of two)."""
+    return max(2, 1 << max(0, int(n) - 1).bit_length())
 
 
 def _launcher(k: Any, grid: tuple[int, ...], args: tuple[Any, ...], opts: dict[str, int]) -> Callable[[], None]:
@@ -107,9 +137,25 @@ class TritonBackend(Backend):
         return spec.name in TRITON_KERNELS and dtype in spec.dtypes
 
     def param_space(self, spec: KernelSpec, shape: Mapping[str, int]) -> ParamSpace:
-        return {"BLOCK": (64, 128, 256, 512, 1024, 2048, 4096), "WARPS": (1, 2, 4, 8, 16), "STAGES": (1, 2, 3)}
+        """BLOCK: the slice a program walks (features, vocabulary, elements) or, for the router, the tokens
+        per program; MB/NB/KB: the GEMM's row, column and depth tiles; WARPS/STAGES: num_warps/num_stages
+        (the router has no loop to pipeline, so no STAGES)."""
+        if spec.name == "grouped_gemm":
+            return {"MB": (16, 32, 64, 128), "NB": (16, 32, 64, 128), "KB": (16, 32, 64), "WARPS": (1, 2, 4, 8),
+                    "STAGES": _STAGES}
+        if spec.name == "router_topk":
+            return {"BLOCK": (2, 4, 8, 16, 32, 64, 128), "WARPS": (1, 2, 4, 8)}
+        if spec.name == "mhc_pre":
+            return {"BLOCK": (32, 64, 128, 256, 512, 1024), "WARPS": (1, 2, 4, 8), "STAGES": _STAGES}
+        return {"BLOCK": (64, 128, 256, 512, 1024, 2048, 4096), "WARPS": _WARPS, "STAGES": _STAGES}
 
     def default_params(self, spec: KernelSpec, shape: Mapping[str, int]) -> Params:
+        if spec.name == "grouped_gemm":
+            return {"MB": 32, "NB": 64, "KB": 32, "WARPS": 4, "STAGES": 2}
+        if spec.name == "router_topk":
+            return {"BLOCK": 16, "WARPS": 4}
+        if spec.name == "mhc_pre":
+            return {"BLOCK": 256, "WARPS": 4, "STAGES": 2}
         return {"BLOCK": 1024, "WARPS": 4, "STAGES": 2}
 
     def render(self, spec: KernelSpec, params: Mapping[str, int], dtype: str) -> str:
@@ -157,9 +203,10 @@ class TritonBackend(Backend):
 
     def tiling_model(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
                      capacity: float | None = None) -> TilingModel:
-        """Shared-memory MILP: STAGES copies of a BLOCK-wide slice of every argument within SMEM; roofline terms scaled by the
-        occupancy of BLOCK over 32 x WARPS lanes, pipelined across stages (one stage exposes the smaller term,
-        more stages hide it), per-slice loop cost and one launch."""
+        """Shared-memory MILP: STAGES copies of each program's slices within SMEM; roofline terms scaled by the
+        occupancy of a program's tile over 32 x WARPS lanes, pipelined across stages (one stage exposes the
+        smaller term, more stages hide it), per-iteration loop cost and one launch. The MoE kernels get
+        their own terms (``moe_groups``)."""
         from trex.kernels.roofline import classify
         from trex.kernels.suite.base import elem_bytes
         from trex.kernels.tiling import Group, TilingModel
@@ -168,31 +215,95 @@ class TritonBackend(Backend):
         e = elem_bytes(dtype)
         roof = classify(spec, shape, dtype, facts)
         cap = float(capacity if capacity is not None else self.tile_capacity(facts))
+        overlap = {1: 0.25, 2: 0.05, 3: 0.0}
+        if spec.name in ("router_topk", "grouped_gemm", "mhc_pre"):
+            groups = moe_groups(spec, shape, e, roof.t_compute, roof.t_memory, facts, space)
+            buffers = "STAGES" if "STAGES" in space else None
+            return TilingModel(space=space, levels=(("SMEM", cap),), groups=groups,
+                               overlap=overlap if buffers else {1: 0.25}, buffers=buffers, launch_s=4e-6)
 
-        def eff(blk: int, warps: int) -> float:
-            return 1.0 if 2 <= blk / (32.0 * warps) <= 16 else 0.6
         pairs = [(b, w) for b in space["BLOCK"] for w in space["WARPS"]]
         streams = len(spec.inputs) + len(spec.outputs)
-        groups = (Group(("BLOCK", "WARPS"), compute={(b, w): roof.t_compute / eff(b, w) for b, w in pairs},
-                        memory={(b, w): roof.t_memory / eff(b, w) for b, w in pairs}),
+        groups = (Group(("BLOCK", "WARPS"), compute={(b, w): roof.t_compute / lane_eff(b, w) for b, w in pairs},
+                        memory={(b, w): roof.t_memory / lane_eff(b, w) for b, w in pairs}),
                   Group(("BLOCK", "STAGES"), footprint={(b, st): float(st * b * e * streams)
                                                         for b in space["BLOCK"] for st in space["STAGES"]}),
-                  Group(("BLOCK",), overhead={(b,): max(1, -(-shape.get(spec.tile_dim, 1) // b)) * 2e-8
+                  Group(("BLOCK",), overhead={(b,): max(1, -(-shape.get(spec.tile_dim, 1) // b)) * LOOP_S
                                               for b in space["BLOCK"]}))
-        return TilingModel(space=space, levels=(("SMEM", cap),), groups=groups, overlap={1: 0.25, 2: 0.05, 3: 0.0},
+        return TilingModel(space=space, levels=(("SMEM", cap),), groups=groups, overlap=overlap,
                            buffers="STAGES", launch_s=4e-6)
 
     def predict(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, params: Mapping[str, int],
                 facts: DeviceFacts) -> float:
-        """Roofline time plus launch, per-slice loop overhead and an occupancy penalty for odd warp counts."""
+        """Roofline time plus launch, per-slice loop overhead and an occupancy penalty for odd warp counts;
+        the MoE kernels use their tiling model's terms (whether or not the stage fits)."""
         from trex.kernels.roofline import classify
 
+        if spec.name in ("router_topk", "grouped_gemm", "mhc_pre"):
+            from trex.kernels.tiling import LEVEL, stage_time
+
+            return stage_time(self.tiling_model(spec, shape, dtype, facts), {**params, LEVEL: 0})
         roof = classify(spec, shape, dtype, facts)
         blk, warps = int(params["BLOCK"]), int(params["WARPS"])
-        per_thread = blk / (32.0 * warps)
-        eff = 1.0 if 2 <= per_thread <= 16 else 0.6
         slices = max(1, -(-shape.get(spec.tile_dim, 1) // blk))
-        return roof.t_bound / eff + 4e-6 + slices * 2e-8 + (0.02 * roof.t_bound if params["STAGES"] == 1 else 0.0)
+        return roof.t_bound / lane_eff(blk, warps) + 4e-6 + slices * LOOP_S \
+            + (0.02 * roof.t_bound if params["STAGES"] == 1 else 0.0)
+
+
+def lane_eff(elems: float, warps: int, lo: float = 2.0, hi: float = 16.0) -> float:
+    """Occupancy factor of a program holding ``elems`` values over 32 x ``warps`` lanes: 1 when each lane
+    holds between ``lo`` and ``hi`` (enough to hide latency, few enough to stay in registers), else 0.6."""
+    return 1.0 if lo <= elems / (32.0 * warps) <= hi else 0.6
+
+
+def moe_groups(spec: KernelSpec, shape: Mapping[str, int], e: int, t_compute: float, t_memory: float,
+               facts: DeviceFacts, space: ParamSpace) -> tuple[Group, ...]:
+    """Cost groups of the router, grouped-GEMM and mHC Triton kernels. Programs run ``facts.cores`` at a time
+    (waves); loop cost is iterations per program times waves."""
+    from trex.kernels.tiling import Group
+
+    cores = max(1, facts.cores)
+
+    def waves(programs: int) -> int:
+        return -(-max(1, programs) // cores)
+
+    w_all = space["WARPS"]
+    if spec.name == "router_topk":
+        t, ep = shape["tokens"], pow2(shape["experts"])
+        bw = [(b, w) for b in space["BLOCK"] for w in w_all]
+        eff = {(b, w): lane_eff(b * ep, w, 2.0, 32.0) for b, w in bw}
+        return (Group(("BLOCK", "WARPS"), compute={c: t_compute / eff[c] for c in bw},
+                      memory={c: t_memory / eff[c] for c in bw}),
+                # logits, scores and selection keys of the BLOCK x EP tile held on chip
+                Group(("BLOCK",), footprint={(b,): 3.0 * 4 * b * ep for b in space["BLOCK"]},
+                      overhead={(b,): waves(-(-t // b)) * shape["k"] * LOOP_S for b in space["BLOCK"]}))
+    if spec.name == "grouped_gemm":
+        t, ex, h, o = shape["tokens"], shape["experts"], shape["hidden"], shape["out"]
+        mnw = [(m, n, w) for m in space["MB"] for n in space["NB"] for w in w_all]
+        # each expert's rows round up to whole MB tiles (half a tile wasted on average)
+        rows = {m: t + ex * (m - 1) / 2.0 for m in space["MB"]}
+        re_bw = facts.bandwidth_for(float(ex * h * o * 4))
+        return (Group(("MB", "NB", "WARPS"), compute={
+                    (m, n, w): t_compute * rows[m] / t / lane_eff(m * n, w, 4.0, 64.0) for m, n, w in mnw}),
+                # beyond the compulsory bytes: x re-read per column tile, W re-read per row tile
+                Group(("NB",), memory={(n,): t_memory + 4.0 * t * h * (-(-o // n) - 1) / re_bw for n in space["NB"]}),
+                Group(("MB",), memory={(m,): 4.0 * h * o * max(0.0, rows[m] / m - ex) / re_bw for m in space["MB"]}),
+                Group(("MB", "NB", "KB", "STAGES"), footprint={
+                    (m, n, k, st): float(st * (m * k + k * n) * 4) for m in space["MB"] for n in space["NB"]
+                    for k in space["KB"] for st in space["STAGES"]}),
+                Group(("MB", "NB", "KB"), overhead={
+                    (m, n, k): waves(-(-o // n) * ex) * (rows[m] / ex / m + 1) * -(-h // k) * LOOP_S
+                    for m in space["MB"] for n in space["NB"] for k in space["KB"]}))
+    f, nnp = shape["streams"] * shape["hidden"], pow2(shape["streams"] ** 2)
+    bw = [(b, w) for b in space["BLOCK"] for w in w_all]
+    eff = {(b, w): lane_eff(b * nnp, w, 2.0, 64.0) for b, w in bw}
+    return (Group(("BLOCK", "WARPS"), compute={c: t_compute / eff[c] for c in bw},
+                  memory={c: t_memory / eff[c] for c in bw}),
+            # x, gamma and the BLOCK x NNP slice of w per stage
+            Group(("BLOCK", "STAGES"), footprint={(b, st): float(st * b * (2 + nnp) * 4)
+                                                  for b in space["BLOCK"] for st in space["STAGES"]}),
+            Group(("BLOCK",), overhead={(b,): waves(shape["tokens"]) * 2 * -(-f // b) * LOOP_S
+                                        for b in space["BLOCK"]}))
 
 
 def measure_cuda() -> DeviceFacts:

@@ -63,6 +63,8 @@ class KernelSpec:
     """(rtol, atol) per dtype against the float64 reference."""
     compare: Callable[[Tensors, Tensors, Tensors, Dims], str | None] | None = None
     """Custom output check (inputs, outputs, float64 reference, dims) -> error or None."""
+    dims_problem: Callable[[Dims], str | None] | None = None
+    """Why a shape's dims are outside what the kernel computes (``"k: ..."``), or None; checked at validate time."""
 
     def dims(self, shape: Mapping[str, int]) -> tuple[int, ...]:
         """Dims in backend order; a missing name is an error naming the field."""

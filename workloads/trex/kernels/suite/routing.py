@@ -70,6 +70,14 @@ def _router_compare(inp: Tensors, out: Tensors, ref: Tensors, d: Dims) -> str | 
     return None
 
 
+def _router_dims(d: Dims) -> str | None:
+    if d["score"] not in (1, 2):
+        return f"score: must be 1 (sigmoid) or 2 (sqrt-softplus), got {d['score']}"
+    if not 1 <= d["k"] <= d["experts"]:
+        return f"k: must be in [1, experts={d['experts']}], got {d['k']}"
+    return None
+
+
 ROUTER_TOPK = KernelSpec(
     name="router_topk", kclass="routing", dim_names=("tokens", "experts", "k", "score"),
     inputs=(Buffer("logits", "f32", lambda d: (d["tokens"], d["experts"])), Buffer("bias", "f32", lambda d: (d["experts"],))),
@@ -81,7 +89,7 @@ ROUTER_TOPK = KernelSpec(
     flops=lambda d: (6.0 + 2 * EXP_FLOPS) * d["tokens"] * d["experts"] + 2.0 * d["tokens"] * d["experts"] * d["k"],
     bytes_moved=lambda d, e: 4.0 * d["tokens"] * d["experts"] + 12.0 * d["tokens"] * d["k"],
     tile_dim="tokens", tile_bytes=lambda d, b, e: 4.0 * b * d["experts"] * 2,
-    compare=_router_compare,
+    compare=_router_compare, dims_problem=_router_dims,
 )
 
 
