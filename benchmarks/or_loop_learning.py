@@ -44,9 +44,12 @@ SHAPES: dict[str, dict[str, Any]] = {
     "preset": {},
     "learn": {"hiddenSize": 128, "numLayers": 2, "nDenseLayers": 2, "intermediateSize": 512, "mtpDepth": 0,
               "kvLoraRank": 64, "qkNopeHeadDim": 32, "qkRopeHeadDim": 16, "vHeadDim": 32},
+    "learn-large": {"hiddenSize": 256, "numLayers": 4, "nDenseLayers": 4, "intermediateSize": 768, "mtpDepth": 0,
+                    "numHeads": 8, "kvLoraRank": 64, "qkNopeHeadDim": 32, "qkRopeHeadDim": 16, "vHeadDim": 32},
 }
 """Model overrides on top of the preset: ``preset`` keeps it; ``learn`` (on tiny) is a 0.9M-parameter dense
-2-layer model without MTP, twice tiny's width, at about tiny's CPU cost per step."""
+2-layer model without MTP, twice tiny's width, at about tiny's CPU cost per step; ``learn-large`` is a dense
+4-layer, 256-wide, 8-head model without MTP (about 4M parameters with the run's 2048-entry vocabulary)."""
 
 
 def make_ordata(out: Path, seed: int, families: list[str], count: int, layout: str) -> tuple[Path, Path]:
