@@ -4,8 +4,8 @@ Two layouts. ``inline`` (every family, both libraries): the formulation and the 
 coefficients into each constraint. ``data`` (gurobipy, the families in :data:`DATA_LAYOUT_FAMILIES`): the
 program restates the problem's data once, as positional lists (the entity names, then one list per data line
 of the problem, in its order), then builds the family's model over list positions; the formulation is symbolic
-(no numbers). The data layout
-is the copy-friendly one: a model writing it copies each number next to where the prompt states it.
+(no numbers). The data layout is the copy-friendly one: a model writing it copies each number next to where
+the prompt states it, and a repeated entity name cannot merge two entries.
 Every program prints one protocol line ``TREX_RESULT {"status": ..., "objective": ..., "values": {...}}``
 that the sandbox parses.
 """
