@@ -1,8 +1,8 @@
 """Does the OR loop learn? ORData -> SFT -> evaluation on CPU, with the controls that tell learning from luck.
 
     .venv/bin/python benchmarks/or_loop_learning.py [--seeds 0,1,2] [--steps 240] [--preset tiny]
-        [--shape learn|learn-large] [--layout data] [--digits 3] [--lr-scale 1] [--temperature 0] [--families knapsack] [--count 240]
-        [--items 12] [--out DIR]          (make learn: one seed)
+        [--shape learn|learn-large] [--layout data] [--digits 3] [--lr-scale 1] [--temperature 0]
+        [--families knapsack] [--count 240] [--items 12] [--out DIR]          (make learn: one seed)
 
 Per seed: ORData on simple families in the concise rendering (one style, gurobipy code, reference answers in
 the copy-friendly ``data`` layout by default: the program restates each number once, in the problem's order),
