@@ -1,10 +1,13 @@
 """The data layout of reference answers: the program restates each number of the rendered problem exactly once,
-in the problem's order and under its entity names, reproduces the solver's objective in the sandbox with the
-instance's model (structural gate); the config rejects the layout where it does not exist, naming the field."""
+in the problem's order, as positional lists after the entity names; it reproduces the solver's objective (and a
+brute-force optimum) in the sandbox with the instance's model (structural gate), and a repeated entity name
+cannot merge two entries; the config rejects the layout where it does not exist, naming the field."""
 
 from __future__ import annotations
 
 import ast
+import itertools
+import json
 
 import pytest
 from pydantic import ValidationError
@@ -19,22 +22,16 @@ from trex.ordata.verify import objective_agrees
 from trex.sandbox import Limits, run_python
 
 
-def _literals(line: str) -> list[object]:
-    """The numbers of one ``name = literal`` line, in source order (dict keys are names, not numbers)."""
+def _assignment(line: str) -> tuple[str, object]:
+    """(name, value) of one ``name = literal`` line."""
     node = ast.parse(line).body[0]
-    assert isinstance(node, ast.Assign)
-    out: list[object] = []
+    assert isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    return node.targets[0].id, ast.literal_eval(node.value)
 
-    def walk(v: ast.expr) -> None:
-        if isinstance(v, ast.Dict):
-            for k, x in zip(v.keys, v.values, strict=True):
-                assert isinstance(k, ast.Constant) and isinstance(k.value, str)
-                walk(x)
-        else:
-            out.append(ast.literal_eval(v))
 
-    walk(node.value)
-    return out
+def _flat(v: object) -> list[object]:
+    """The scalars of a literal (a number, a list, or a list of lists), in source order."""
+    return [x for item in v for x in _flat(item)] if isinstance(v, list) else [v]
 
 
 @pytest.mark.parametrize("family", DATA_LAYOUT_FAMILIES)
@@ -42,14 +39,26 @@ def _literals(line: str) -> list[object]:
 def test_data_block_states_each_rendered_number_once_in_problem_order(family: str, index: int) -> None:
     inst = sample_feasible(FAMILIES[family], derive_seed(3, family, index), 3)[0]
     rendered = render(inst, "formal", "concise")
-    numbers = [x for line in data_block(inst) for x in _literals(line)]
+    lines = dict(_assignment(line) for line in data_block(inst))
+    names = {k: v for k, v in lines.items() if k in inst.sets}
+    # the entity names come first, as the problem's own, in its order; then one list per parameter, no names
+    assert list(lines) == [*names, *inst.params]
+    for k, v in names.items():
+        assert v == inst.sets[k]
+        assert all(f"{e} = " in rendered.text for e in v)  # type: ignore[attr-defined]
+    numbers = [x for p in inst.params for x in _flat(lines[p])]
+    assert all(isinstance(x, int | float) for x in numbers)
     assert numbers == pytest.approx(rendered.numbers)
-    # the entity names are the problem's own, in its order
-    for line, p in zip(data_block(inst), inst.params.values(), strict=True):
+    for p in inst.params.values():  # positional: entry k is the value of entity k of the parameter's set
         if isinstance(p.value, list):
-            keys = [k.value for k in ast.parse(line).body[0].value.keys]  # type: ignore[attr-defined]
-            assert keys == inst.sets[p.index[0]]
-            assert all(f"{k} = " in rendered.text for k in keys)
+            assert len(lines[p.name]) == len(inst.sets[p.index[0]])  # type: ignore[arg-type]
+
+
+def _knapsack_optimum(weight: list[float], value: list[float], capacity: float) -> float:
+    """Best total value over every subset within capacity (brute force, independent of any solver)."""
+    return max(sum(v for v, t in zip(value, take, strict=True) if t)
+               for take in itertools.product((0, 1), repeat=len(weight))
+               if sum(w for w, t in zip(weight, take, strict=True) if t) <= capacity)
 
 
 @pytest.mark.parametrize("family", DATA_LAYOUT_FAMILIES)
@@ -67,6 +76,26 @@ def test_data_program_reproduces_objective_with_the_instance_model(family: str) 
     assert res.status == "optimal" and res.objective is not None
     assert objective_agrees(res.objective, ref.objective, 1e-6)
     g = structural_gate(res.solve, instance_model(inst))
+    assert g.accepted, g
+    if family == "knapsack":
+        data = dict(_assignment(line) for line in data_block(inst))
+        best = _knapsack_optimum(data["weight"], data["value"], data["capacity"])  # type: ignore[arg-type]
+        assert res.objective == pytest.approx(best)
+
+
+def test_repeated_entity_name_keeps_both_entries() -> None:
+    """Two entities written with one name (a model's slip) stay two positions: the objective is unchanged."""
+    inst = sample_feasible(FAMILIES["knapsack"], derive_seed(5, "knapsack", 2), 3)[0]
+    _, code = reconstruction(inst, "gurobipy", "data")
+    items = inst.sets["items"]
+    line = "items = " + json.dumps(items)
+    assert line in code
+    twice = "items = " + json.dumps([items[0], items[0], *items[2:]])
+    res_ref = run_python(code, limits=Limits(timeout_s=60))
+    res_twice = run_python(code.replace(line, twice), limits=Limits(timeout_s=60))
+    assert res_ref.ok and res_twice.ok, res_twice.stderr[-2000:]
+    assert res_ref.objective is not None and res_twice.objective == pytest.approx(res_ref.objective)
+    g = structural_gate(res_twice.solve, instance_model(inst))  # the same model: one variable per entity
     assert g.accepted, g
 
 

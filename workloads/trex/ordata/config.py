@@ -96,8 +96,9 @@ class ReconstructionConfig(TrexModel):
     """Library the reconstructed code uses."""
     layout: Literal["inline", "data"] = "inline"
     """Reference answers' layout: `inline` writes the coefficients into each constraint (every family);
-    `data` restates the problem's data once as Python dicts in the problem's order, then builds the model over
-    them, with a symbolic formulation (copy-friendly; gurobipy, families with a data layout: knapsack)."""
+    `data` restates the problem's data once as positional lists in the problem's order (the entity names, then
+    one list per data line), then builds the model over list positions, with a symbolic formulation
+    (copy-friendly; gurobipy, families with a data layout: knapsack)."""
 
     @model_validator(mode="after")
     def _check(self) -> ReconstructionConfig:

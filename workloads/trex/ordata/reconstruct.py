@@ -2,9 +2,10 @@
 
 Two layouts. ``inline`` (every family, both libraries): the formulation and the program write the IR's
 coefficients into each constraint. ``data`` (gurobipy, the families in :data:`DATA_LAYOUT_FAMILIES`): the
-program restates the problem's data once, one Python dict per data line of the problem and in its order,
-then builds the family's model over those names; the formulation is symbolic (no numbers). The data layout
-is the copy-friendly one: a model writing it copies each number next to where the prompt states it.
+program restates the problem's data once, as positional lists (the entity names, then one list per data line
+of the problem, in its order), then builds the family's model over list positions; the formulation is symbolic
+(no numbers). The data layout is the copy-friendly one: a model writing it copies each number next to where
+the prompt states it, and a repeated entity name cannot merge two entries.
 Every program prints one protocol line ``TREX_RESULT {"status": ..., "objective": ..., "values": {...}}``
 that the sandbox parses.
 """
@@ -205,41 +206,38 @@ def reference_code(inst: Instance, library: str) -> str:
 
 
 # --- the data layout ------------------------------------------------------------------------------------
-def _data_value(inst: Instance, p: Param) -> str:
-    """``p`` as a Python literal keyed by its entity names (scalar, dict, or dict of dicts), in problem order."""
+def _data_value(p: Param) -> str:
+    """``p`` as a Python literal: a scalar, a list in the problem's entity order, or a list of such rows."""
     v = p.value
     if not isinstance(v, list):
         return _c(v)
-    rows = inst.sets[p.index[0]]
-
-    def cells(values: list[float], keys: list[str]) -> str:
-        return "{" + ", ".join(f"{json.dumps(k)}: {_c(x)}" for k, x in zip(keys, values, strict=True)) + "}"
-
     if v and isinstance(v[0], list):
-        cols = inst.sets[p.index[1]]
-        return "{" + ", ".join(f"{json.dumps(r)}: {cells(row, cols)}"
-                               for r, row in zip(rows, v, strict=True)) + "}"
-    return cells(v, rows)  # type: ignore[arg-type]
+        return "[" + ", ".join("[" + ", ".join(_c(x) for x in row) + "]" for row in v) + "]"
+    return "[" + ", ".join(_c(x) for x in v) + "]"  # type: ignore[arg-type]
 
 
 def data_block(inst: Instance) -> list[str]:
-    """One assignment per parameter, in the order (and with the entity names) the rendered problem states them."""
-    return [f"{_ident(p.name)} = {_data_value(inst, p)}" for p in inst.params.values()]
+    """The entity names of every set the parameters index (``items = ["Tent", ...]``), then one positional list
+    per parameter, in the order the rendered problem states them: a number sits at its entity's position, so
+    repeated or miswritten names cannot merge two entries."""
+    used = [s for p in inst.params.values() if isinstance(p.value, list) for s in p.index]
+    sets = [f"{_ident(s)} = [" + ", ".join(json.dumps(e) for e in inst.sets[s]) + "]" for s in dict.fromkeys(used)]
+    return [*sets, *(f"{_ident(p.name)} = {_data_value(p)}" for p in inst.params.values())]
 
 
 def _knapsack(inst: Instance) -> tuple[str, list[str]]:
     words = ["Decision variables:", "  take[i] in {0, 1} for each item i: 1 if item i is selected", "",
              f"Objective ({inst.objective.description}):", "  maximize sum over items i of value[i] * take[i]", "",
              "Constraints:", "  capacity: sum over items i of weight[i] * take[i] <= capacity"]
-    code = ['take = {e: m.addVar(vtype=GRB.BINARY, name=f"take_{k}") for k, e in enumerate(weight)}',
-            'm.addConstr(gp.quicksum(weight[e] * take[e] for e in take) <= capacity, name="capacity")',
-            "m.setObjective(gp.quicksum(value[e] * take[e] for e in take), GRB.MAXIMIZE)"]
+    code = ['take = [m.addVar(vtype=GRB.BINARY, name=f"take_{i}") for i in range(len(items))]',
+            'm.addConstr(gp.quicksum(w * x for w, x in zip(weight, take, strict=True)) <= capacity, name="capacity")',
+            "m.setObjective(gp.quicksum(v * x for v, x in zip(value, take, strict=True)), GRB.MAXIMIZE)"]
     return "\n".join(words), code
 
 
 DATA_MODELS: dict[str, Callable[[Instance], tuple[str, list[str]]]] = {"knapsack": _knapsack}
 """Per family with a data layout: its symbolic formulation body and the gurobipy lines building its model over
-the names of :func:`data_block`."""
+the lists of :func:`data_block`."""
 DATA_LAYOUT_FAMILIES: tuple[str, ...] = tuple(DATA_MODELS)
 
 
