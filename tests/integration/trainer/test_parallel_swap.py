@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import trex.trainer.build as build_mod
-from optimizer_states import assert_identical
+from optimizer_states import InPlaceSwap, assert_identical, full_copy
 from trex.config_base import load_section
 from trex.runtime.copy_engine import LatencyCopyEngine
 from trex.trainer.config import TrainerConfig
@@ -42,27 +42,15 @@ def _cfg(ckpt: Path, layout: dict[str, Any], dtype: str, enabled: bool, recomput
     })
 
 
-class _InPlace(SwapOptimizers):
-    def step(self) -> None:
-        with torch.no_grad():
-            for bucket in self.buckets:
-                self._step_bucket(bucket)
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    full = getattr(t, "full_tensor", None)
-    return (full() if callable(full) else t).detach().cpu().clone()
-
-
 def _states(tr: Trainer) -> dict[str, torch.Tensor]:
     """Parameters and optimizer states as full tensors (a collective: the same order on every rank)."""
     names = {id(p): n for n, p in tr.model.named_parameters()}
-    out = {f"param.{n}": _full(p) for n, p in tr.model.named_parameters()}
+    out = {f"param.{n}": full_copy(p) for n, p in tr.model.named_parameters()}
     for opt in tr.opts.all():
         for p in [p for g in opt.param_groups for p in g["params"]]:
             for key, val in sorted(opt.state[p].items()):
                 if isinstance(val, torch.Tensor) and val.ndim > 0:
-                    out[f"{names[id(p)]}.{key}"] = _full(val)
+                    out[f"{names[id(p)]}.{key}"] = full_copy(val)
     return out
 
 
@@ -76,7 +64,7 @@ def _worker(rank: int, out: str) -> None:
                     build_mod.with_swap = lambda o, c, k, **kw: swap.with_swap(  # type: ignore[assignment]
                         o, c, k, engine=LatencyCopyEngine(2.0, jitter=2e-3, seed=rank), bucket_bytes=BUCKET, **kw)
                 elif variant == "in-place":  # the same buckets stepped where they are (masters on the device)
-                    build_mod.with_swap = lambda o, c, k, **kw: _InPlace(  # type: ignore[assignment]
+                    build_mod.with_swap = lambda o, c, k, **kw: InPlaceSwap(  # type: ignore[assignment]
                         o, buffers=2, bucket_bytes=BUCKET, engine=LatencyCopyEngine(1.0), device_kind=k)
                 else:
                     build_mod.with_swap = swap.with_swap

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import trex.trainer.build as build_mod
-from optimizer_states import assert_identical
+from optimizer_states import InPlaceSwap, assert_identical, full_copy
 from trex.config_base import load_section
 from trex.runtime.copy_engine import LatencyCopyEngine
 from trex.trainer.config import TrainerConfig
@@ -45,30 +45,16 @@ def _cfg(root: Path, dtype: str, enabled: bool, interval: int = 100, lr: dict[st
     })
 
 
-class _InPlace(SwapOptimizers):
-    """The swap optimizer's buckets stepped where the states are (no copies; masters stay on the device)."""
-
-    def step(self) -> None:
-        with torch.no_grad():
-            for bucket in self.buckets:
-                self._step_bucket(bucket)
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    full = getattr(t, "full_tensor", None)
-    return (full() if callable(full) else t).detach().cpu().clone()
-
-
 def _states(tr: Trainer) -> dict[str, torch.Tensor]:
     """Parameters and optimizer states as full tensors (a collective: the same order on every rank)."""
     opts = tr.opts.all()  # waits for outstanding write-backs
     names = {id(p): n for n, p in tr.model.named_parameters()}
-    out = {f"param.{n}": _full(p) for n, p in tr.model.named_parameters()}
+    out = {f"param.{n}": full_copy(p) for n, p in tr.model.named_parameters()}
     for opt in opts:
         for p in [p for g in opt.param_groups for p in g["params"]]:
             for key, val in sorted(opt.state[p].items()):
                 if isinstance(val, torch.Tensor) and val.ndim > 0:
-                    out[f"{names[id(p)]}.{key}"] = _full(val)
+                    out[f"{names[id(p)]}.{key}"] = full_copy(val)
     return out
 
 
@@ -126,7 +112,7 @@ def _worker(rank: int, out: str) -> None:
         second = run("second", _cfg(base / "resume", "bf16", True, interval=3), base / "resume")
         assert second.step == STEPS
         results["resumed"] = _states(second)
-        build_mod.with_swap = lambda o, c, k, **kw: _InPlace(  # type: ignore[assignment]
+        build_mod.with_swap = lambda o, c, k, **kw: InPlaceSwap(  # type: ignore[assignment]
             o, buffers=2, bucket_bytes=BUCKET, engine=LatencyCopyEngine(1.0), device_kind=k)
         results["in-place"] = _states(run("in-place", _cfg(base / "in-place", "bf16", True), base / "in-place"))
         build_mod.with_swap = original
@@ -238,8 +224,8 @@ def _toy_worker(rank: int, out: str) -> None:
                 opts.step()
                 opts.zero_grad()
             opts.close()
-            finals.append({n: _full(p) for n, p in model.named_parameters()}
-                          | {f"{n}.{k}": _full(v) for n, p in model.named_parameters()
+            finals.append({n: full_copy(p) for n, p in model.named_parameters()}
+                          | {f"{n}.{k}": full_copy(v) for n, p in model.named_parameters()
                              for k, v in adamw.state[p].items() if k != "step"})
         if rank == 0:
             torch.save(finals, Path(out) / "toy.pt")
