@@ -144,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(" ".join(f"{r[c]!s:>21}" for c in cols))
     hidden = [r for r in rows if r["compute_per_bucket_ms"] >= r["copy_per_bucket_ms"]]
-    met = all(r["overlap"] >= 0.9 and r["ratio"] <= 1.1 for r in hidden)
-    print(f"goal (overlap >= 0.9, step <= 1.1x where compute per bucket >= copy): "
-          f"{'met' if met else 'missed'} on {len(hidden)} of {len(rows)} rows")
+    met = [r for r in hidden if r["overlap"] >= 0.9 and r["ratio"] <= 1.1]
+    overlap = [r for r in hidden if r["overlap"] >= 0.9]
+    print(f"goal (overlap >= 0.9, step <= 1.1x where compute per bucket >= copy, {len(hidden)} of {len(rows)} rows): "
+          f"met on {len(met)}, overlap alone on {len(overlap)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

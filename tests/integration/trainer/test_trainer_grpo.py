@@ -42,12 +42,13 @@ def _prompts(root: Path) -> Path:
     return path
 
 
-def _cfg(root: Path, ckpt: str, layout: dict[str, Any] | None = None, kl: float = 0.05, micro: int = 3) -> TrainerConfig:
+def _cfg(root: Path, ckpt: str, layout: dict[str, Any] | None = None, kl: float = 0.05, micro: int = 3,
+         group: int = 3) -> TrainerConfig:
     return load_section(TrainerConfig, {
         "mode": "grpo", "model": {"preset": "tiny", "dtype": "fp64", "overrides": {"mtpDepth": 0}},
         "maxSteps": STEPS, "parallelism": layout or {}, "deterministic": True,
         "data": {"train": str(_prompts(root)), "microBatchSize": micro, "tokenizer": {"vocabSize": 512}},
-        "grpo": {"promptsPerStep": 2, "groupSize": 3, "maxNewTokens": 6, "klCoef": kl, "temperature": 1.3},
+        "grpo": {"promptsPerStep": 2, "groupSize": group, "maxNewTokens": 6, "klCoef": kl, "temperature": 1.3},
         "optimizer": {"schedule": {"warmupSteps": 0, "decay": "none"}, "adamw": {"eps": 1e-8}},
         "stability": {"enabled": False},
         "checkpoint": {"dir": str(root / ckpt), "intervalSteps": 1, "exportHf": False},
@@ -86,17 +87,21 @@ def test_resume_equals_uninterrupted_and_reuses_the_rollout_log(tmp_path: Path) 
     assert sum(rows[-1]["verifier_outcomes"].values()) == 6  # 2 prompts x G = 3
 
 
-LAYOUTS: dict[str, tuple[dict[str, Any], int]] = {"dp2": ({"dp": 2}, 3), "tp2": ({"tp": 2}, 2), "ep2": ({"ep": 2}, 2)}
-"""name -> (layout, micro-batch size): tp splits each micro-batch's sequences over its ranks."""
+LAYOUTS: dict[str, tuple[dict[str, Any], int, int]] = {
+    "dp2": ({"dp": 2}, 3, 3), "tp2": ({"tp": 2}, 2, 3), "ep2": ({"ep": 2}, 2, 3)}
+"""At two ranks, name -> (layout, micro-batch size, group size): tp splits each micro-batch's sequences over its
+ranks."""
+WORLD4: dict[str, tuple[dict[str, Any], int, int]] = {"dp2-tp2-ep2": ({"tp": 2, "ep": 2}, 2, 4)}
+"""At four ranks: two data-parallel ranks of two tp ranks each (one prompt of 4 samples per data-parallel rank)."""
 
 
 def _worker(rank: int, world: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{world}", rank=rank, world_size=world)
     try:
         root = Path(out)
-        for name, (layout, micro) in LAYOUTS.items():
-            tr = _trainer(_cfg(root, name, layout, micro=micro), root, dist.group.WORLD)
+        for name, (layout, micro, group) in (LAYOUTS if world == 2 else WORLD4).items():
+            tr = _trainer(_cfg(root, name, layout, micro=micro, group=group), root, dist.group.WORLD)
             res = tr.run()
             state = tr.full_state_dict()
             if rank == 0:
@@ -111,23 +116,24 @@ def _worker(rank: int, world: int, out: str) -> None:
 def parallel_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("grpo-parallel")
     mp.spawn(_worker, args=(2, str(root)), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    mp.spawn(_worker, args=(4, str(root)), nprocs=4, join=True)  # type: ignore[attr-defined,no-untyped-call]
     return root
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS) + sorted(WORLD4))
 def test_parallel_grpo_equals_one_process(layout: str, parallel_runs: Path) -> None:
     """dp2 (FSDP2 shards, gathered whole for the rollouts: each rank samples its half of the prompts), tp2 and ep2
-    (rollouts decoded on a whole replica; the tp ranks split them and their verification): the parameters after 3
-    steps equal the single-process run's to 1e-10 (float64)."""
+    (rollouts decoded on a whole replica; the tp ranks split them and their verification), and all three at four
+    ranks: the parameters after 3 steps equal the single-process run's to 1e-10 (float64)."""
     got = torch.load(parallel_runs / f"{layout}.pt")
-    micro = LAYOUTS[layout][1]
-    one = _trainer(_cfg(parallel_runs, f"one-{layout}", micro=micro), parallel_runs)
+    _, micro, group = {**LAYOUTS, **WORLD4}[layout]
+    one = _trainer(_cfg(parallel_runs, f"one-{layout}", micro=micro, group=group), parallel_runs)
     res = one.run()
     assert got["rewards"] == pytest.approx([r.grpo.reward_mean for r in res.history], abs=1e-12)  # type: ignore[union-attr]
     ref = one.full_state_dict()
     for k, v in ref.items():
         torch.testing.assert_close(got["state"][k], v, atol=1e-10, rtol=0, msg=k)
     assert got["replica"] == (layout != "dp2")
-    if layout == "tp2":  # each tp rank logs the half of the samples it decoded, for its own resume
+    if "tp2" in layout:  # each tp rank logs the half of the samples it decoded, for its own resume
         assert {n.split("-tp-")[-1] for n in got["logs"]} == {"000.wal", "001.wal"}

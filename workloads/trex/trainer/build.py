@@ -19,6 +19,7 @@ from trex.runtime.device import DeviceInfo, fast_bf16, torch_dtype
 from trex.trainer.checkpoint import CheckpointManager, config_hash
 from trex.trainer.config import TrainerConfig
 from trex.trainer.model.model import DeepSeekModel
+from trex.trainer.model_args import ModelArgs
 from trex.trainer.optim.build import Optimizers, build_optimizers, resolve_ns_dtype
 from trex.trainer.optim.swap import with_swap
 from trex.trainer.parallel.mesh import Meshes, ParallelDims
@@ -77,21 +78,35 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
         apply_recompute(model, cfg.recompute)
         opts = build_optimizers(model, dict(model.param_roles()), cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
         return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind, model=model), None)
-    from trex.trainer.parallel.init import materialize
     from trex.trainer.parallel.muon import ShardedOrthogonalize
-    from trex.trainer.parallel.parallelize import parallelize
 
-    # Sharded bf16 parameters are fp32 masters; FSDP2 gathers them in the model dtype for compute.
-    master = torch.float32 if dtype == torch.bfloat16 else dtype
-    model = build_model(cfg.model, device="meta", dtype=master, seed=cfg.seed)
-    roles: dict[str, str] = dict(model.param_roles())
-    parallel = parallelize(model, layout.dims, layout.meshes, param_dtype=dtype,
-                           reshard_after_forward=cfg.parallelism.reshard_after_forward, recompute=cfg.recompute)
-    materialize(model, device.torch_device(), cfg.seed)
-    opts = build_optimizers(model, roles, cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
+    model, parallel = distributed_model(ModelArgs.from_config(cfg.model), layout.dims, layout.meshes, dtype,
+                                        device.torch_device(), cfg.seed,
+                                        reshard_after_forward=cfg.parallelism.reshard_after_forward,
+                                        recompute=cfg.recompute)
+    opts = build_optimizers(model, dict(model.param_roles()), cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
     if opts.muon is not None:
         opts.muon.orthogonalize = ShardedOrthogonalize(cfg.optimizer.muon.distributed, layout.muon_group)
     return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind, model=model), parallel)
+
+
+def distributed_model(args: ModelArgs, dims: ParallelDims, meshes: Meshes, dtype: torch.dtype, device: torch.device,
+                      seed: int, *,
+                      reshard_after_forward: bool = True, recompute: str = "none") -> tuple[DeepSeekModel, Any]:
+    """A model of shape ``args`` built on the meta device, distributed by ``layout`` (trex.trainer.parallel) and
+    materialised shard by shard with the seed's initial values. Sharded bf16 parameters are fp32 masters; FSDP2
+    gathers them in ``dtype`` for compute (the trainer's model and opd's teachers). Returns the model and its
+    Parallelized."""
+    from trex.trainer.model.model import build_model_from_args
+    from trex.trainer.parallel.init import materialize
+    from trex.trainer.parallel.parallelize import parallelize
+
+    master = torch.float32 if dtype == torch.bfloat16 else dtype
+    model = build_model_from_args(args, device="meta", dtype=master, seed=seed)
+    parallel = parallelize(model, dims, meshes, param_dtype=dtype, reshard_after_forward=reshard_after_forward,
+                           recompute=recompute)
+    materialize(model, device, seed)
+    return model, parallel
 
 
 def build_checkpointer(cfg: TrainerConfig, directory: Path, group: Any,

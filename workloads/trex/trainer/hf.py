@@ -322,6 +322,15 @@ def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> Non
         gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
 
 
+def load_hf_sharded(model: DeepSeekModel, directory: str | os.PathLike[str]) -> None:
+    """load_hf_into for a distributed model: every rank reads the folder and keeps its own shards (DCP's
+    set_model_state_dict from the full state)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    state: dict[str, Any] = dict(hf_state_for(model, directory))
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
 def hf_state_for(model: DeepSeekModel, directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """A checkpoint folder's tensors under ``model``'s state-dict names, checked against its (global) shapes;
     the hash routers' unused biases and, where the checkpoint has none, the MTP modules are left out."""

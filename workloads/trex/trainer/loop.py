@@ -688,15 +688,12 @@ class Trainer:
         if cfg.checkpoint.resume and self.resume():
             return
         if cfg.checkpoint.init_from_hf:
-            from trex.trainer.hf import hf_state_for, load_hf_into
+            from trex.trainer.hf import load_hf_into, load_hf_sharded
 
             if self.meshes is None:
                 load_hf_into(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
             else:  # every rank reads the folder and keeps its own shards
-                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-                state: dict[str, Any] = dict(hf_state_for(self.model, cfg.checkpoint.init_from_hf))  # type: ignore[arg-type]
-                set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+                load_hf_sharded(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
             if isinstance(self.opts, SwapOptimizers):
                 self.opts.restored()  # masters loaded in host memory: cast their bf16 copies
             self.log(f"initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")

@@ -81,20 +81,11 @@ class TeacherLayout:
     def load(self, directory: Path, dtype: torch.dtype, device: torch.device) -> DeepSeekModel:
         """The teacher in ``directory`` built on the meta device, distributed like the student and filled with its
         weights (each rank keeps its own shards)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from trex.trainer.build import distributed_model
+        from trex.trainer.hf import args_from_hf_dir, load_hf_sharded
 
-        from trex.trainer.hf import args_from_hf_dir, hf_state_for
-        from trex.trainer.model.model import build_model_from_args
-        from trex.trainer.parallel.init import materialize
-        from trex.trainer.parallel.parallelize import parallelize
-
-        args = args_from_hf_dir(directory)
-        master = torch.float32 if dtype == torch.bfloat16 else dtype
-        model = build_model_from_args(args, device="meta", dtype=master)
-        parallelize(model, self.dims, self.meshes, param_dtype=dtype, reshard_after_forward=True)
-        materialize(model, device, seed=0)
-        state: dict[str, Any] = dict(hf_state_for(model, directory))
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        model, _ = distributed_model(args_from_hf_dir(directory), self.dims, self.meshes, dtype, device, seed=0)
+        load_hf_sharded(model, directory)
         return model
 
     def head(self, model: DeepSeekModel, dtype: torch.dtype) -> torch.Tensor:
