@@ -109,6 +109,7 @@ def _worker(rank: int, world: int, out: str) -> None:
                             "replica": tr.replica is not None, "logs": sorted(p.name for p in (root / name).rglob("*.wal"))},
                            root / f"{name}.pt")
     finally:
+        dist.barrier()  # every rank done with the group before any tears it down
         dist.destroy_process_group()
 
 

@@ -90,6 +90,7 @@ def _worker(rank: int, world: int, out: str) -> None:
         except ConfigProblem as e:
             (root / f"odd-{rank}.txt").write_text(str(e))
     finally:
+        dist.barrier()  # every rank done with the group before any tears it down
         dist.destroy_process_group()
 
 

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         exported = _export(trainer)
         if trainer.rank == 0:
             summary["hfExport"] = exported
-    _leave(group)
+    _leave(group, done=True)
     write_termination_summary(summary)
     loss_s = f"{result.loss:.4f}" if result.loss is not None else "n/a"
     mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"
@@ -189,8 +189,12 @@ def _join_job(env: Any, device: str, deterministic: bool = False) -> Any:
                             deterministic=deterministic)
 
 
-def _leave(group: Any) -> None:
+def _leave(group: Any, done: bool = False) -> None:
+    """Leave the process group; after a finished run (``done``) only once every rank is done with it (a rank tearing
+    gloo down while a peer still talks to it can abort). A failing rank leaves at once: its peers fail fast."""
     if group is not None:
         import torch.distributed as dist
 
+        if done:
+            dist.barrier()
         dist.destroy_process_group()
