@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from trex.evaluation.orgeval import LinearModel
     from trex.ordata.config import EndpointConfig
     from trex.ordata.ir import Instance
+    from trex.verify.orgeval import LinearModel
 
 ACCEPTED = "accepted"
 
@@ -233,7 +233,7 @@ def execution_gate(run: RunLike) -> GateResult:
 
 def instance_model(inst: Instance) -> LinearModel:
     """The instance as ORGEval's model (the reference of :func:`structural_gate`), built from the IR itself."""
-    from trex.evaluation import orgeval
+    from trex.verify import orgeval
 
     kinds = {"continuous": "C", "integer": "I", "binary": "B"}
     index = inst.var_index()
@@ -251,7 +251,7 @@ def instance_model(inst: Instance) -> LinearModel:
 def structural_gate(solve: dict[str, Any] | None, reference: LinearModel) -> GateResult:
     """The recorded model is the instance's model (ORGEval WL-equivalence), beyond objective agreement:
     a dropped constraint, relaxed integrality or wrong coefficient is rejected whatever the objective."""
-    from trex.evaluation import orgeval
+    from trex.verify import orgeval
 
     lp = None if solve is None else solve.get("lp")
     if not lp:

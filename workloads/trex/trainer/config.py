@@ -446,7 +446,7 @@ class GRPOConfig(TrexModel):
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
-        from trex.evaluation.protocols import PROTOCOLS
+        from trex.verify.protocols import PROTOCOLS
 
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol: unknown {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
@@ -457,8 +457,8 @@ class GRPOConfig(TrexModel):
 def check_prompt_source(prompt_format: str, prompt_set: str) -> None:
     """promptFormat must be a format `trex eval` reads whose records hold a question (not bench4opt) and promptSet
     a prompt set of the contract; ValueError naming the field otherwise."""
-    from trex.evaluation.benchmarks import FORMATS
     from trex.prompt_contract import PROMPT_SETS
+    from trex.verify.formats import FORMATS
 
     if prompt_format not in FORMATS or prompt_format == "bench4opt":
         allowed = [f for f in FORMATS if f != "bench4opt"]

@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from trex.evaluation.benchmarks.base import Item
 from trex.trainer.config import TrainerConfig
 from trex.trainer.data.sources import DataError, jsonl_files
+from trex.verify.items import Item
 
 
 def load_items(train: str, fmt: str, need_truths: bool = True) -> list[Item]:
     """Every item of the JSONL file(s) ``train`` names (a file, a folder of *.jsonl or a glob), in name order;
     ids must be distinct across files (and some hold ground truths when ``need_truths``). DataError names the
     file and record at fault."""
-    from trex.evaluation.benchmarks import FORMATS
+    from trex.verify.formats import FORMATS
 
     parse = FORMATS[fmt].parse
     items: list[Item] = []

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from trex.evaluation.benchmarks.base import Item
-from trex.evaluation.extract import extract_code
-from trex.evaluation.protocols import get_protocol
-from trex.evaluation.scoring import classify, syntax_check
 from trex.reasoning import answer_of
+from trex.verify.extract import extract_code
+from trex.verify.items import Item
+from trex.verify.protocols import get_protocol
+from trex.verify.scoring import classify, syntax_check
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class ORVerifier:
 
     async def score_one(self, completion: str, item: Item) -> Reward:
         """The reward of one completion."""
-        from trex.evaluation.runner import run_program
+        from trex.verify.program import run_program
 
         code, rule = extract_code(answer_of(completion, self.reasoning_mode, server_split=False))
         syn = syntax_check(code) if code is not None else None
