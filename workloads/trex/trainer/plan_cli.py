@@ -136,6 +136,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"problem: {line}")
     return 1 if problems or plan.fits is False else 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
