@@ -48,7 +48,8 @@ def _load(args: argparse.Namespace,
         raise ValueError(f"{args.file}: cannot read: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{args.file}: not valid YAML ({str(e).splitlines()[0]})") from None
-    reader = manifests.get(doc.get("kind")) if isinstance(doc, dict) else None
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    reader = manifests.get(kind) if isinstance(kind, str) else None
     if reader is not None:
         cfg, world, device, capacity = reader(doc, args)
     else:
