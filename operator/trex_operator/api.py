@@ -260,7 +260,7 @@ class TrainJobSpec(CommonSpec):
     data_from: JobRef | None = None
     """Train on the output of this ORDataJob (sets trainer.data.train)."""
     kernels_from: JobRef | None = None
-    """Use the tuned kernels of this KernelTuneJob."""
+    """Use the tuned kernels of this KernelTuneJob (sets trainer.kernels.registry to the registry it mounts)."""
     model_from: CheckpointRef | None = None
     """Start from this TrainJob's Hugging Face export (its final one, or step's with its exportHfEvery): sets
     trainer.checkpoint.initFromHf and, when unset, trainer.data.tokenizer.path to its tokenizer (SFT, then GRPO)."""
@@ -296,6 +296,9 @@ class TrainJobSpec(CommonSpec):
         if self.model_from is not None and self.trainer.checkpoint.init_from_hf is not None:
             raise ValueError("trainer.checkpoint.initFromHf: modelFrom sets it to the referenced TrainJob's export; "
                              "set one of the two")
+        if self.kernels_from is not None and self.trainer.kernels.registry is not None:
+            raise ValueError("trainer.kernels.registry: kernelsFrom sets it to the referenced KernelTuneJob's "
+                             "registry; set one of the two")
         if self.trainer.model.dtype == "fp64" and self.device_type != "cpu":
             raise ValueError(f"trainer.model.dtype: fp64 is for CPU reference runs; deviceType {self.device_type!r} "
                              "trains in fp32 or bf16")

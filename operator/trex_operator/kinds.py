@@ -255,7 +255,8 @@ class TrainImpl(_PodKind):
 
     def trainer_config(self, ctx: Ctx) -> dict[str, Any]:
         """The rendered TrainerConfig: data from the referenced ORDataJob, initial weights (and tokenizer) from the
-        referenced TrainJob's Hugging Face export, checkpoints on the volume."""
+        referenced TrainJob's Hugging Face export, the tuned-kernel registry the referenced KernelTuneJob's
+        ConfigMap mounts, checkpoints on the volume."""
         spec = ctx.model.spec
         cfg: dict[str, Any] = spec.trainer.model_dump(mode="json", by_alias=True)
         if spec.data_from is not None:
@@ -273,6 +274,11 @@ class TrainImpl(_PodKind):
                 for entry in ctx.status.lineage:
                     if entry.kind == "TrainJob" and entry.name == t["name"]:
                         entry.detail = f"distillation teacher {t['path']}"
+        if spec.kernels_from is not None:
+            cfg["kernels"]["registry"] = f"{KERNELS_DIR}/kernels.json"
+            for entry in ctx.status.lineage:
+                if entry.kind == "KernelTuneJob":
+                    entry.detail = f"kernel registry {cfg['kernels']['registry']}"
         path = hf_export_path(ctx, spec.model_from)
         if path is not None:
             cfg["checkpoint"]["initFromHf"] = path
@@ -341,8 +347,6 @@ class TrainImpl(_PodKind):
                 env["RANK_TABLE_FILE"] = ctx.observed.defaults.rank_table_file
                 env.update(ranktable.pod_env(self._layout(ctx), i, ctx.observed.defaults.hccl_connect_timeout_s,
                                              spec.trainer.deterministic))
-            if spec.kernels_from is not None:
-                env["TREX_KERNELS_FILE"] = f"{KERNELS_DIR}/kernels.json"
             out.append(pod(job, spec, name=f"{job.name}-worker-{i}-a{attempt}", role="worker", attempt=attempt,
                            command=[*LAUNCHER, "trex", "train", "--config", f"{CONFIG_DIR}/trainer.yaml"],
                            env=env, devices=nproc if spec.device_type != "cpu" else 0, index=i,

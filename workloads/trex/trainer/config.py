@@ -390,8 +390,8 @@ class KernelsConfig(TrexModel):
     """Tuned kernels from a KernelTuneJob (see trex.trainer.kernels)."""
 
     registry: str | None = None
-    """Kernel registry (a KernelTuneJob's registry.json or the kernels.json its kernelsFrom mounts; TREX_KERNELS_FILE
-    sets it when unset); unset = every op eager."""
+    """Kernel registry (a KernelTuneJob's registry.json, or the kernels.json its kernelsFrom mounts: a TrainJob's
+    kernelsFrom sets it); unset = every op eager."""
 
 
 class RewardWeightsConfig(TrexModel):
