@@ -173,6 +173,9 @@ def _default_ns() -> list[NewtonSchulzStage]:
 class MuonConfig(TrexModel):
     """Muon for every 2-D GEMM weight (stacked experts orthogonalised per expert)."""
 
+    enabled: bool = True
+    """Muon for the GEMM weights; false = AdamW (optimizer.adamw) for every parameter, as most fine-tuning recipes
+    use (twice Muon's optimizer-state bytes for those weights, no Newton-Schulz)."""
     lr: float = Field(default=2e-2, gt=0, le=10)
     """Peak learning rate."""
     momentum: float = Field(default=0.95, ge=0, lt=1)

@@ -331,6 +331,8 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
     device's memory). Assumes parallelism_problems(cfg, world) is empty."""
     values: dict[str, Any] = resolved_model_values(cfg.model)
     c = census(values)
+    if not cfg.optimizer.muon.enabled:  # AdamW-only: every parameter has AdamW's two states
+        c = replace(c, params=tuple(replace(p, role="adamw") for p in c.params))
     lay = Layout.of(cfg, world)
     sharded = world > 1
     model_bytes = _DTYPE_BYTES[cfg.model.dtype]
