@@ -256,3 +256,165 @@ def test_exact_score_ties_go_to_the_later_window(tmp_path: Path, heads: int, dty
     mine, loss = _our_out(ours, ids)
     assert (mine - ref).abs().max().item() < TOL[dtype]
     assert abs(loss - ref_loss) < TOL[dtype]
+
+
+# The released MTP layout (DeepSeek's MTPBlock; vLLM's DeepSeekV4 MTP loader reads the same names): the
+# block's tensors directly under mtp.0. as in a trunk block, plus e_proj / h_proj / enorm / hnorm / norm /
+# hc_head_*. Written here from transformers' names, independently of trex's own name mapping.
+_RELEASE_BLOCK = {
+    "self_attn.q_a_proj.weight": "attn.wq_a.weight", "self_attn.q_a_norm.weight": "attn.q_norm.weight",
+    "self_attn.q_b_proj.weight": "attn.wq_b.weight", "self_attn.kv_proj.weight": "attn.wkv.weight",
+    "self_attn.kv_norm.weight": "attn.kv_norm.weight", "self_attn.o_a_proj.weight": "attn.wo_a.weight",
+    "self_attn.o_b_proj.weight": "attn.wo_b.weight", "self_attn.sinks": "attn.attn_sink",
+    "mlp.gate.weight": "ffn.gate.weight", "mlp.gate.e_score_correction_bias": "ffn.gate.bias",
+    "mlp.shared_experts.gate_proj.weight": "ffn.shared_experts.w1.weight",
+    "mlp.shared_experts.down_proj.weight": "ffn.shared_experts.w2.weight",
+    "mlp.shared_experts.up_proj.weight": "ffn.shared_experts.w3.weight",
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "attn_hc.fn": "hc_attn_fn", "attn_hc.base": "hc_attn_base", "attn_hc.scale": "hc_attn_scale",
+    "ffn_hc.fn": "hc_ffn_fn", "ffn_hc.base": "hc_ffn_base", "ffn_hc.scale": "hc_ffn_scale",
+}
+_RELEASE_TOP = {"model.norm.weight": "norm.weight", "model.hc_head.hc_fn": "hc_head_fn",
+                "model.hc_head.hc_base": "hc_head_base", "model.hc_head.hc_scale": "hc_head_scale"}
+
+
+def _release_mtp_tensors(block_model: Any, extra: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """mtp.0.* tensors in the release's names: the one-layer transformers model's layer 0 as the MTP block,
+    its final norm and hc head as the MTP module's, plus the input projections and norms."""
+    out = {f"mtp.0.{k}": v.contiguous() for k, v in extra.items()}
+    for name, t in block_model.state_dict().items():
+        if name in _RELEASE_TOP:
+            out[f"mtp.0.{_RELEASE_TOP[name]}"] = t.contiguous()
+        elif name.startswith("model.layers.0."):
+            rest = name.removeprefix("model.layers.0.")
+            if rest == "mlp.experts.gate_up_proj":
+                gate, up = t.chunk(2, dim=1)
+                for e in range(t.shape[0]):
+                    out[f"mtp.0.ffn.experts.{e}.w1.weight"] = gate[e].contiguous()
+                    out[f"mtp.0.ffn.experts.{e}.w3.weight"] = up[e].contiguous()
+            elif rest == "mlp.experts.down_proj":
+                for e in range(t.shape[0]):
+                    out[f"mtp.0.ffn.experts.{e}.w2.weight"] = t[e].contiguous()
+            else:
+                out[f"mtp.0.{_RELEASE_BLOCK[rest]}"] = t.contiguous()
+    return out
+
+
+def test_mtp_block_in_the_released_layout_loads_and_predicts(tmp_path: Path) -> None:
+    """An MTP block written in the release's names loads, and trex's MTP logits equal a float64 reference:
+    transformers' decoder layer run on h_proj(hnorm(x_s)) + e_proj(enorm(emb(next token))) for every
+    mHC stream x_s of the trunk's pre-head residual, then its hc head, norm and the shared output head."""
+    from safetensors.torch import load_file, save_file
+
+    dtype = torch.float64
+    trunk = _hf_model(_hf_config("mixed-hash"), dtype, seed=41)
+    block_cfg = _hf_config("mixed-hash", layer_types=[SLIDING], n_hash=0)
+    block = _hf_model(block_cfg, dtype, seed=42)
+    with torch.no_grad():
+        block.lm_head.weight.copy_(trunk.lm_head.weight)  # the MTP module shares the output head
+    gen = torch.Generator().manual_seed(43)
+    d = BASE["hidden_size"]
+    extra = {"e_proj.weight": torch.randn(d, d, generator=gen, dtype=dtype) * 0.2,
+             "h_proj.weight": torch.randn(d, d, generator=gen, dtype=dtype) * 0.2,
+             "enorm.weight": 1 + 0.3 * torch.randn(d, generator=gen, dtype=dtype),
+             "hnorm.weight": 1 + 0.3 * torch.randn(d, generator=gen, dtype=dtype)}
+    trunk.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    save_file({**stored, **_release_mtp_tensors(block, extra)}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    ours = load_hf(tmp_path, dtype=dtype).eval()
+
+    ids = _ids(seed=8)
+    streams: list[torch.Tensor] = []
+    grab = trunk.model.hc_head.register_forward_pre_hook(lambda _m, args: streams.append(args[0]))
+    with torch.no_grad(), hf_float64():
+        trunk(input_ids=ids)
+    grab.remove()
+    shifted = torch.zeros_like(ids)
+    shifted[:, :-1] = ids[:, 1:]
+
+    def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    emb = trunk.model.embed_tokens.weight[shifted]
+    mtp_in = (rms(streams[0], extra["hnorm.weight"]) @ extra["h_proj.weight"].T
+              + (rms(emb, extra["enorm.weight"]) @ extra["e_proj.weight"].T)[:, :, None, :])
+    swap = block.model.layers[0].register_forward_pre_hook(lambda _m, args: (mtp_in, *args[1:]))
+    with torch.no_grad(), hf_float64():
+        ref = block(input_ids=shifted).logits
+    swap.remove()
+    with torch.no_grad():
+        out = ours(ids)
+    assert len(out.mtp_logits) == 1 and ref.abs().max() > 0.1
+    assert (out.mtp_logits[0] - ref).abs().max().item() < 1e-10
+    with torch.no_grad(), hf_float64():
+        assert (out.logits - trunk(input_ids=ids).logits).abs().max().item() < 1e-10
+
+
+def _csa_layer() -> tuple[Any, torch.Tensor, Any]:
+    """A tiny float64 csa attention layer (top-2 of up to 6 entries), its input and context."""
+    from trex.trainer.model.attention import AttnContext
+    from trex.trainer.model.layers import rope_cos_sin
+    from trex.trainer.model.v4attention import V4Attention
+
+    args = ModelArgs(attention="csa", vocab_size=VOCAB, hidden_size=12, num_heads=2, q_lora_rank=8,
+                     qk_nope_head_dim=6, qk_rope_head_dim=2, v_head_dim=8, csa_compress_every=2, csa_top_k=2,
+                     csa_window=3, csa_indexer_heads=3, csa_indexer_dim=4, o_groups=1, o_lora_rank=4,
+                     num_layers=1, layer_types=["csa"], mtp_depth=0)
+    layer = V4Attention(args, "csa").double()
+    gen = torch.Generator().manual_seed(51)
+    with torch.no_grad():
+        for _, p in sorted(layer.named_parameters()):
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.4 + (1.0 if "norm" in _ else 0.0))
+    x = torch.randn(1, 13, 12, generator=gen, dtype=torch.float64)
+    pos = torch.arange(13)[None]
+    cos, sin = rope_cos_sin(pos, 2, args.rope_theta, dtype=torch.float64)
+    return layer, x, AttnContext(position_ids=pos, doc_ids=None, cos=cos, sin=sin)
+
+
+def test_indexer_gradients_against_finite_differences() -> None:
+    """float64 gradcheck of the two indexer paths: its KL loss in the indexer's own weights (the only ones it
+    trains), and the attention output through the selected set in the input and the main weights (the
+    selection itself is piecewise constant; no entry sits within the step of the top-k boundary)."""
+    from torch.func import functional_call
+
+    layer, x, ctx = _csa_layer()
+    params = dict(layer.named_parameters())
+    idx_names = sorted(n for n in params if ".indexer." in n)
+    main_names = ["kv_proj.weight", "compressor.gate_proj.weight"]
+    indexer = layer.compressor.indexer
+    with torch.no_grad():  # the selection must be decided by a margin, and be a strict subset
+        scores = indexer.scores(x, layer.project(x, ctx)[0], ctx, *_windows_of(layer, ctx))
+        strict = 0
+        for vis in _visible_rows(scores, 2):
+            if len(vis) > 2:
+                strict += 1
+                ordered = sorted(vis, reverse=True)
+                assert ordered[1] - ordered[2] > 1e-4
+        assert strict >= 4
+
+    def kl(*ws: torch.Tensor) -> torch.Tensor:
+        return functional_call(layer, {**params, **dict(zip(idx_names, ws, strict=True))}, (x, ctx))[1]
+
+    def out(xx: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:
+        return functional_call(layer, {**params, **dict(zip(main_names, ws, strict=True))}, (xx, ctx))[0]
+
+    idx_w = tuple(params[n].detach().clone().requires_grad_() for n in idx_names)
+    main_w = tuple(params[n].detach().clone().requires_grad_() for n in main_names)
+    assert kl(*idx_w).item() > 1e-3
+    assert torch.autograd.gradcheck(kl, idx_w, eps=1e-6, atol=1e-8, rtol=1e-6)
+    assert torch.autograd.gradcheck(out, (x.clone().requires_grad_(), *main_w), eps=1e-6, atol=1e-8, rtol=1e-6,
+                                    fast_mode=True)
+    # the KL trains the indexer only; the output does not reach the indexer's weights
+    loss_kl, output = layer(x.requires_grad_(), ctx)[::-1]
+    grads = torch.autograd.grad(loss_kl, [params[n] for n in main_names] + [x], allow_unused=True)
+    assert all(g is None or g.abs().max() == 0 for g in grads)
+    grads = torch.autograd.grad(output.sum(), [params[n] for n in idx_names], allow_unused=True)
+    assert all(g is None or g.abs().max() == 0 for g in grads)
+
+
+def _windows_of(layer: Any, ctx: Any) -> tuple[Any, torch.Tensor]:
+    from trex.trainer.model.v4attention import windows
+
+    doc = torch.zeros_like(ctx.position_ids)
+    return windows(ctx.position_ids, doc, layer.compressor.every), doc

@@ -238,7 +238,7 @@ class V4Attention(nn.Module):
         b, t, _ = x.shape
         q_res, q, kv = self.project(x, ctx)
         mask = causal_doc_mask(ctx.doc_ids, b, t, x.device, window=self.window)
-        aux = x.new_zeros((), dtype=torch.float32)
+        aux = upcast(x.new_zeros(()))
         if self.compressor is not None:
             doc = ctx.doc_ids if ctx.doc_ids is not None else torch.zeros((b, t), dtype=torch.long, device=x.device)
             win = windows(ctx.position_ids, doc, self.compressor.every)
@@ -288,4 +288,4 @@ class V4Attention(nn.Module):
         rows = visible.any(-1)
         kl = (torch.special.xlogy(p, p) - p * logq).sum(-1)
         loss: torch.Tensor = (kl * rows).sum() / rows.sum().clamp(min=1)
-        return loss.float()
+        return loss  # >= fp32: float64 for a float64 model
