@@ -12,7 +12,9 @@ joins the softmax. Three kinds:
   complete past entry visible (rope base compress_rope_theta).
 * csa: plus one compressed entry per `csa_compress_every` tokens, each pooling two windows (the
   previous window's first half-features and the current window's second half), and a lightning
-  indexer that keeps the top `csa_top_k` visible entries per query.
+  indexer that keeps the top `csa_top_k` visible entries per query. Exact score ties go to the later
+  window (the release leaves them to torch.topk, whose order of equal values is unspecified); ReLU
+  makes them common with few index heads (an entry every head scores negative scores 0).
 
 A compressed entry pools its tokens with per-channel softmax(gate + position bias) weights, is
 RMS-normalised and rotated at its window's first position; it becomes visible once the query reaches
