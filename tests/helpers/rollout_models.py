@@ -24,6 +24,9 @@ KINDS: dict[str, dict[str, Any]] = {
     "csa-mhc-hash": dict(attention="csa", q_lora_rank=16, v_head_dim=24, csa_compress_every=3, csa_top_k=2,
                          csa_window=4, hca_compress_every=5, hc_mult=4, n_hash_layers=1, scoring="sqrt-softplus",
                          layer_types=["sliding", "csa", "hca"], num_layers=3),
+    # one index head: many entries tie at score 0, so the decode cache's top-k must break ties as training does
+    "csa-ties": dict(attention="csa", q_lora_rank=16, v_head_dim=24, csa_compress_every=2, csa_top_k=3,
+                     csa_window=4, csa_indexer_heads=1, hc_mult=2, layer_types=["csa", "csa"]),
 }
 VOCAB = 48
 

@@ -130,7 +130,8 @@ def test_original_names_load_equals_hf_names_load(tmp_path: Path) -> None:
                  "layers.1.attn.compressor.ape", "layers.1.attn.compressor.norm.weight",
                  "layers.2.attn.indexer.compressor.wkv.weight", "layers.2.attn.indexer.wq_b.weight",
                  "layers.2.attn.indexer.weights_proj.weight", "layers.3.ffn.gate.bias",
-                 "layers.3.ffn.shared_experts.w3.weight", "mtp.0.eh_proj.weight", "mtp.0.attn.wo_b.weight"):
+                 "layers.3.ffn.shared_experts.w3.weight", "mtp.0.e_proj.weight", "mtp.0.h_proj.weight",
+                 "mtp.0.hc_head_fn", "mtp.0.norm.weight", "mtp.0.attn.wo_b.weight"):
         assert name in orig_keys, name
     assert args_from_hf_dir(tmp_path / "orig") == args_from_hf_dir(tmp_path / "hf")
     a, b = load_hf(tmp_path / "hf").eval(), load_hf(tmp_path / "orig").eval()

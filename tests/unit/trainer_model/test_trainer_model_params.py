@@ -68,6 +68,33 @@ def test_meta_device_presets_match_closed_form_counts(preset: Any) -> None:
     assert b.active == pytest.approx(expected[1], rel=0.1)
 
 
+@pytest.mark.parametrize(("preset", "kinds", "published"), [
+    ("v4-flash", {"sliding": 2, "csa": 21, "hca": 20}, (284e9, 1e9, 13e9)),
+    ("v4-pro", {"sliding": 0, "csa": 30, "hca": 31}, (1.6e12, 1e11, 49e9)),
+])
+def test_v4_presets_census_matches_the_release(preset: str, kinds: dict[str, int],
+                                               published: tuple[float, float, float]) -> None:
+    """The released per-layer schedule (config.json compress_ratios, MTP block sliding); the MTP part of the
+    count from the model itself; DeepSeek's published totals are the main model without MTP, and its
+    activated counts leave out the input embedding too."""
+    v = resolve_model_values(preset, {})
+    trunk = v["layer_types"][: v["num_layers"]]
+    assert {k: trunk.count(k) for k in kinds} == kinds and v["layer_types"][v["num_layers"]:] == ["sliding"]
+    model = build_model(ModelConfig(preset=preset), device="meta", dtype=torch.bfloat16)
+    params = dict(model.named_parameters())
+    mtp = sum(p.numel() for n, p in params.items() if n.startswith("mtp."))
+    routed = sum(p.numel() for n, p in params.items() if n.startswith("mtp.") and ".experts." in n)
+    b = param_breakdown(v)
+    assert b.mtp == mtp
+    assert b.mtp_active == mtp - routed + routed * v["experts_per_token"] // v["n_routed_experts"]
+    total, unit, activated = published
+    assert round(b.main_model / unit) == round(total / unit)
+    assert round(b.main_model_activated / 1e9) == round(activated / 1e9)
+    assert b.main_model + b.mtp == b.total == sum(p.numel() for p in params.values())
+    # a different depth drops the preset's schedule instead of failing validation
+    assert resolve_model_values(preset, {"num_layers": 4})["layer_types"] is None
+
+
 def test_active_params_count_topk_experts_only() -> None:
     model = build_model(ModelConfig(), device="meta")
     a = ModelArgs.from_config(ModelConfig())

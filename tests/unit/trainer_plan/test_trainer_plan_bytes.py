@@ -50,7 +50,7 @@ def test_census_classes_follow_the_sharding_spec() -> None:
     assert by["layers.1.self_attn.sinks"].placement == "tp_col"
     assert by["layers.1.self_attn.o_b_proj.weight"].placement == "tp_row"
     for name in ("layers.1.self_attn.q_a_proj.weight", "layers.1.self_attn.kv_proj.weight",
-                 "layers.1.self_attn.compressor.kv_proj.weight", "layers.1.hc_attn.fn", "mtp.0.eh_proj.weight",
+                 "layers.1.self_attn.compressor.kv_proj.weight", "layers.1.hc_attn.fn", "mtp.0.e_proj.weight",
                  "embed_tokens.weight", "lm_head.weight", "norm.weight"):
         assert by[name].placement == "replicated", name
     assert by["layers.1.mlp.gate.weight"].placement == "moe"

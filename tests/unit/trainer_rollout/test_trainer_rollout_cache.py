@@ -81,3 +81,39 @@ def test_training_forward_unchanged_by_the_cache_argument() -> None:
         a, b = model(ids), model(ids, cache=None)
     assert a.logits is not None and b.logits is not None
     assert torch.equal(a.logits, b.logits) and len(a.mtp_logits) == 1
+
+
+def test_cached_csa_selection_breaks_score_ties_as_the_full_forward() -> None:
+    """One index head: many compressed entries tie at score 0 at the top-k boundary; decoding step by step
+    must pick the same entries (the later window) as the full forward."""
+    from trex.trainer.model.v4attention import Indexer
+
+    model = tiny_model("csa-ties")
+    ids = torch.randint(0, 48, (2, 31), generator=torch.Generator().manual_seed(2))
+    seen: list[torch.Tensor] = []
+    orig = Indexer.score_keys
+
+    def score_keys(self: Indexer, *args: object) -> torch.Tensor:
+        out = orig(self, *args)  # type: ignore[arg-type]
+        seen.append(out.detach())
+        return out
+
+    Indexer.score_keys = score_keys  # type: ignore[method-assign]
+    try:
+        with torch.no_grad():
+            full = model(ids).logits
+    finally:
+        Indexer.score_keys = orig  # type: ignore[method-assign]
+    ties = 0
+    for scores in seen:
+        for row in scores:
+            for t, q in enumerate(row):
+                vis = sorted(q[: (t + 1) // 2].tolist(), reverse=True)
+                ties += len(vis) > 3 and vis[2] == vis[3]
+    assert ties > 5
+    with torch.no_grad():
+        cache = DecodeCache.empty(2, 31)
+        pre = model(ids[:, :5], cache=cache).logits
+        steps = [model(ids[:, i: i + 1], cache=cache).logits for i in range(5, 31)]
+    assert full is not None and pre is not None
+    torch.testing.assert_close(torch.cat([pre, *[s for s in steps if s is not None]], 1), full, rtol=0, atol=1e-10)

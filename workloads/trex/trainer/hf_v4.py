@@ -7,9 +7,10 @@ the routed experts (gate_up_proj [E, 2I, D] = gate and up stacked along the rows
 wq_a / wq_b / wkv / wgate / wo_a / wo_b, q_norm, attn_sink, ape, compressor.norm, gate.bias,
 hc_attn_fn ..., and one w1 / w2 / w3 (gate / down / up) tensor per expert.
 
-MTP modules have no transformers class: both layouts store them under `mtp.K.*` with original-style
-names (transformers skips `mtp.*` on load). That part of the layout is trex's own and unchecked
-against a released checkpoint.
+MTP modules have no transformers class: both layouts store them under `mtp.K.*` with the release's
+names (transformers skips `mtp.*` on load): e_proj, h_proj (hidden x hidden each), enorm, hnorm,
+norm, hc_head_fn / hc_head_base / hc_head_scale, and the block's tensors directly under `mtp.K.` as in
+a trunk block (attn.*, ffn.*, attn_norm, hc_attn_fn, ...), the layout vLLM's DeepSeek-V4 MTP loader reads.
 """
 
 from __future__ import annotations

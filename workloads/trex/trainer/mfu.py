@@ -118,6 +118,11 @@ class ParamBreakdown:
     shared_and_router: int
     norms_and_hc: int
     active_routed: int
+    mtp: int = 0
+    """The MTP modules' own parameters (block, projections, norms, mHC head), counted in the parts
+    above too; the checkpoint holds them, DeepSeek's published totals do not."""
+    mtp_active: int = 0
+    """What of `mtp` one token touches (its block's top-k routed experts only)."""
 
     @property
     def total(self) -> int:
@@ -134,6 +139,18 @@ class ParamBreakdown:
     def active_non_embedding(self) -> int:
         """Active parameters without the input embedding: the N of 6N."""
         return self.active - self.embedding
+
+    @property
+    def main_model(self) -> int:
+        """Every parameter but the MTP modules': how DeepSeek states a model's size (V4-Flash 284B,
+        V4-Pro 1.6T; the released checkpoints hold the MTP block as well)."""
+        return self.total - self.mtp
+
+    @property
+    def main_model_activated(self) -> int:
+        """Active parameters of the main model without the input embedding (a lookup): how DeepSeek
+        states activated parameters (V4-Flash 13B, V4-Pro 49B)."""
+        return self.active - self.embedding - self.mtp_active
 
     @property
     def experts(self) -> int:
@@ -201,16 +218,22 @@ def param_breakdown(v: Mapping[str, Any]) -> ParamBreakdown:
     moe_layers = layers - dense_layers + mtp
     attn_layers = layers + mtp
     expert = 3 * mi * d
+    kinds = layer_kinds(v)
+    mtp_shared = 2 * d + 2 * d * d + d + _hc_head(v)  # hnorm, enorm, the input projections, norm, hc head
+    mtp_block = 2 * d + _hc_block(v) + e * d + 3 * d * mi * ns  # norms, mHC, router, shared expert
+    mtp_params = sum(_attention_params(v, kind) for kind in kinds[layers:]) + mtp * (mtp_shared + mtp_block)
     return ParamBreakdown(
         embedding=vocab * d,
         head=vocab * d,
-        attention=sum(_attention_params(v, kind) for kind in layer_kinds(v)),
+        attention=sum(_attention_params(v, kind) for kind in kinds),
         dense_ffn=dense_layers * 3 * d * _i(v, "intermediate_size"),
         routed_experts=moe_layers * e * expert,
         shared_and_router=moe_layers * (e * d + 3 * d * mi * ns),
         norms_and_hc=(attn_layers * (2 * d + _hc_block(v)) + d + _hc_head(v)
                       + mtp * (2 * d + 2 * d * d + d + _hc_head(v))),
         active_routed=moe_layers * k * expert,
+        mtp=mtp_params + mtp * e * expert,
+        mtp_active=mtp_params + mtp * k * expert,
     )
 
 

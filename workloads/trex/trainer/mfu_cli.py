@@ -49,6 +49,8 @@ def report(args: argparse.Namespace) -> list[tuple[str, str]]:
         ("preset", args.preset),
         ("parameters", _fmt(p.total)),
         ("active parameters", _fmt(p.active)),
+        ("parameters without MTP (as published)", _fmt(p.main_model)),
+        ("activated without MTP, embedding (as published)", _fmt(p.main_model_activated)),
         ("FLOPs per token", _fmt(fpt, "FLOP")),
         ("FLOPs convention", m.FLOPS_CONVENTION),
         ("peak per device", _fmt(peak, "FLOP/s")),

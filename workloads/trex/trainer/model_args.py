@@ -14,7 +14,8 @@ LAYER_KINDS: tuple[str, ...] = ("sliding", "csa", "hca")
 
 
 def default_layer_types(n: int) -> list[str]:
-    """The released DeepSeek-V4 schedule: two hca layers, then hca / csa alternating."""
+    """transformers' DeepseekV4Config default schedule (two hca layers, then hca / csa alternating), what a
+    config.json without layer_types means; the released checkpoints list theirs (the v4 presets)."""
     return ["hca"] * min(n, 2) + ["csa" if i % 2 else "hca" for i in range(max(n - 2, 0))]
 
 
@@ -39,8 +40,8 @@ class ModelArgs:
     csa_indexer_dim: int = 16
     hca_compress_every: int = 8
     layer_types: list[str] | None = None
-    """csa: attention kind per layer (sliding, csa, hca), trunk then MTP blocks; None = the released
-    schedule (default_layer_types) with sliding MTP blocks."""
+    """csa: attention kind per layer (sliding, csa, hca), trunk then MTP blocks; None = transformers'
+    default schedule (default_layer_types) with sliding MTP blocks."""
     o_groups: int = 2
     o_lora_rank: int = 16
     compress_rope_theta: float = 160000.0

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-# Every key is a ModelOverrides field (snake_case). v4-flash / v4-pro follow the published
-# DeepSeek-V4 shapes (the transformers DeepseekV4Config defaults: head_dim 512 = 448 nope + 64 rope, one
-# shared key/value head, grouped output projection); they are meant for the meta device (planning).
+# Every key is a ModelOverrides field (snake_case). v4-flash / v4-pro follow the released DeepSeek-V4
+# config.json files (head_dim 512 = 448 nope + 64 rope, one shared key/value head, grouped output
+# projection; the per-layer compress_ratios as layer_types, the MTP block last); they are meant for the
+# meta device (planning).
+# Released compress_ratios: Flash 0, 0, then 4 / 128 alternating (21 csa, 20 hca); Pro 128, 128, then
+# 4 / 128 alternating (30 csa, 31 hca); the MTP block 0 (sliding) in both.
+V4_FLASH_LAYERS = ["sliding"] * 2 + ["csa", "hca"] * 20 + ["csa"] + ["sliding"]
+V4_PRO_LAYERS = ["hca"] * 2 + ["csa", "hca"] * 29 + ["csa"] + ["sliding"]
 PRESET_VALUES: dict[str, dict[str, Any]] = {
     "tiny": dict(
         vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, attention="mla",
@@ -46,7 +51,7 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
         intermediate_size=12288, moe_intermediate_size=2048, n_dense_layers=0, n_routed_experts=256,
         n_shared_experts=1, experts_per_token=6, scoring="sqrt-softplus", n_groups=1, topk_groups=1,
         routed_scaling_factor=1.5, n_hash_layers=3, swiglu_limit=10.0, hc_mult=4, sinkhorn_iters=20,
-        mtp_depth=1, max_seq_len=1_048_576, rope_theta=10000.0,
+        mtp_depth=1, max_seq_len=1_048_576, rope_theta=10000.0, layer_types=V4_FLASH_LAYERS,
     ),
     "v4-pro": dict(
         vocab_size=129280, hidden_size=7168, num_layers=61, num_heads=128, attention="csa",
@@ -56,15 +61,21 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
         intermediate_size=18432, moe_intermediate_size=3072, n_dense_layers=0, n_routed_experts=384,
         n_shared_experts=1, experts_per_token=6, scoring="sqrt-softplus", n_groups=1, topk_groups=1,
         routed_scaling_factor=2.5, n_hash_layers=3, swiglu_limit=10.0, hc_mult=4, sinkhorn_iters=20,
-        mtp_depth=1, max_seq_len=1_048_576, rope_theta=10000.0,
+        mtp_depth=1, max_seq_len=1_048_576, rope_theta=10000.0, layer_types=V4_PRO_LAYERS,
     ),
 }
 
 
 def resolve_model_values(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Preset values with the non-None overrides applied."""
+    """Preset values with the non-None overrides applied. A preset's per-layer schedule (layer_types)
+    belongs to its depth: overriding num_layers or mtp_depth without layer_types drops it (the model
+    then uses the default schedule)."""
     if preset not in PRESET_VALUES:
         raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(PRESET_VALUES)}")
-    values = dict(PRESET_VALUES[preset])
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    values = {k: list(v) if isinstance(v, list) else v for k, v in PRESET_VALUES[preset].items()}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if values.get("layer_types") is not None and "layer_types" not in given and any(
+            k in given and given[k] != values[k] for k in ("num_layers", "mtp_depth")):
+        values["layer_types"] = None
+    values.update(given)
     return values

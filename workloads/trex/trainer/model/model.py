@@ -130,27 +130,41 @@ def _to_streams(h: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class MTPModule(nn.Module):
-    """DeepSeek-V3 multi-token prediction module: proj([norm(h); norm(emb(next token))]) -> block -> norm.
-    Shares the embedding and output head with the trunk."""
+    """Multi-token prediction module; shares the embedding and output head with the trunk.
+
+    DeepSeek-V3 (mla): eh_proj([hnorm(h); enorm(emb)]) -> block -> norm, h the previous depth's hidden.
+    DeepSeek-V4 (csa): the released layout (e_proj, h_proj, hc_head_*): every mHC stream s of the previous
+    depth's pre-head residual becomes h_proj(hnorm(x_s)) + e_proj(enorm(emb)), runs through the block, and
+    norm(hc_head(streams)) feeds the head; the next depth reads the streams."""
 
     def __init__(self, args: ModelArgs, seed: int, layer: int) -> None:
         super().__init__()
         d = args.hidden_size
-        self.hnorm = RMSNorm(d, args.norm_eps)
-        self.enorm = RMSNorm(d, args.norm_eps)
-        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        self.v4 = args.attention == "csa"
+        self.hnorm = RMSNorm(d, args.norm_eps, scale_in_fp32=self.v4)
+        self.enorm = RMSNorm(d, args.norm_eps, scale_in_fp32=self.v4)
+        if self.v4:
+            self.e_proj = nn.Linear(d, d, bias=False)
+            self.h_proj = nn.Linear(d, d, bias=False)
+        else:
+            self.eh_proj = nn.Linear(2 * d, d, bias=False)
         self.block = Block(args, moe=True, seed=seed, layer=layer)
         self.hc_head = HyperHead(args.hc_mult, d, args.norm_eps, args.hc_eps) if args.hc_mult > 1 else None
-        self.norm = RMSNorm(d, args.norm_eps, scale_in_fp32=args.attention == "csa")
+        self.norm = RMSNorm(d, args.norm_eps, scale_in_fp32=self.v4)
 
     def forward(self, h: torch.Tensor, emb: torch.Tensor, ctx: AttnContext, token_ids: torch.Tensor,
-                acc: _Acc) -> torch.Tensor:
-        """h: previous depth's hidden [B, T, D]; emb: embedding of the shifted tokens. Returns hidden [B, T, D]."""
-        x = self.eh_proj(torch.cat([self.hnorm(h), self.enorm(emb)], dim=-1))
+                acc: _Acc) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: the previous depth's streams [B, T, n, D] (V4; [B, T, D] without mHC) or its hidden [B, T, D]
+        (V3); emb: embedding of the shifted tokens. Returns (what the next depth reads, hidden [B, T, D])."""
         n = self.block.hc
-        x = acc.block(self.block(_to_streams(x, n), ctx, token_ids))
+        if self.v4:
+            e = self.e_proj(self.enorm(emb))
+            x = self.h_proj(self.hnorm(h)) + (e[:, :, None, :] if n > 1 else e)
+        else:
+            x = _to_streams(self.eh_proj(torch.cat([self.hnorm(h), self.enorm(emb)], dim=-1)), n)
+        x = acc.block(self.block(x, ctx, token_ids))
         out: torch.Tensor = self.hc_head(x) if self.hc_head is not None else x
-        return out
+        return (x if self.v4 else out), out
 
 
 class DeepSeekModel(nn.Module):
@@ -244,11 +258,12 @@ class DeepSeekModel(nn.Module):
         mtp_hidden = []
         if cache is not None:
             cache.advance(t)
+        prev = x if self.args.attention == "csa" else h  # V4's MTP reads the trunk's streams, V3's its hidden
         for k, mod in enumerate(self.mtp if cache is None else []):
             assert isinstance(mod, MTPModule)
             shifted = torch.zeros_like(input_ids)
             shifted[:, : t - k - 1] = input_ids[:, k + 1:]
-            h = mod(h, self.embed_tokens(shifted), ctx, shifted, acc)
+            prev, h = mod(prev, self.embed_tokens(shifted), ctx, shifted, acc)
             mtp_hidden.append(mod.norm(h))
         zero = upcast(hidden.new_zeros(()))
         return ModelOutput(

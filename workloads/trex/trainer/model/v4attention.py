@@ -12,7 +12,9 @@ joins the softmax. Three kinds:
   complete past entry visible (rope base compress_rope_theta).
 * csa: plus one compressed entry per `csa_compress_every` tokens, each pooling two windows (the
   previous window's first half-features and the current window's second half), and a lightning
-  indexer that keeps the top `csa_top_k` visible entries per query.
+  indexer that keeps the top `csa_top_k` visible entries per query. Exact score ties go to the later
+  window (the release leaves them to torch.topk, whose order of equal values is unspecified); ReLU
+  makes them common with few index heads (an entry every head scores negative scores 0).
 
 A compressed entry pools its tokens with per-channel softmax(gate + position bias) weights, is
 RMS-normalised and rotated at its window's first position; it becomes visible once the query reaches
@@ -238,7 +240,7 @@ class V4Attention(nn.Module):
         b, t, _ = x.shape
         q_res, q, kv = self.project(x, ctx)
         mask = causal_doc_mask(ctx.doc_ids, b, t, x.device, window=self.window)
-        aux = x.new_zeros((), dtype=torch.float32)
+        aux = upcast(x.new_zeros(()))
         if self.compressor is not None:
             doc = ctx.doc_ids if ctx.doc_ids is not None else torch.zeros((b, t), dtype=torch.long, device=x.device)
             win = windows(ctx.position_ids, doc, self.compressor.every)
@@ -288,4 +290,4 @@ class V4Attention(nn.Module):
         rows = visible.any(-1)
         kl = (torch.special.xlogy(p, p) - p * logq).sum(-1)
         loss: torch.Tensor = (kl * rows).sum() / rows.sum().clamp(min=1)
-        return loss.float()
+        return loss  # >= fp32: float64 for a float64 model

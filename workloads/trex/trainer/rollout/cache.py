@@ -115,7 +115,7 @@ class DecodeCache:
 
     def attend(self, module: nn.Module, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
         """One attention layer's output for the new tokens, reading and extending its state."""
-        zero = x.new_zeros((), dtype=torch.float32)
+        zero = upcast(x.new_zeros(()))
         if module not in self.states:
             out, _ = module(x, dataclasses.replace(ctx, cache=None))
             self.states[module] = self._prefill(module, x, ctx)
