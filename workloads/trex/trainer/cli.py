@@ -63,12 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    from trex.trainer.config import KernelsConfig, job_problems
+    from trex.trainer.config import KernelsConfig
+    from trex.trainer.rules import job_problems
 
     if cfg.kernels.registry is None and os.environ.get("TREX_KERNELS_FILE"):  # kernelsFrom's mounted registry
         cfg = cfg.model_copy(update={"kernels": KernelsConfig(registry=os.environ["TREX_KERNELS_FILE"])})
 
-    problems = job_problems(cfg, env.world_size)  # the rule `trex validate` and the operator apply
+    # The rule `trex validate` and the operator apply, with this machine's files (the Trainer does not run it again).
+    problems = job_problems(cfg, env.world_size, local=not args.print_config)
     if problems:
         print(f"trex train: invalid config: {problems[0][0]}: {problems[0][1]}", file=sys.stderr)
         return EXIT_CONFIG
@@ -80,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from trex.telemetry.progress import Progress
     from trex.telemetry.summary import write_termination_summary
-    from trex.trainer.data.build import packing_line
-    from trex.trainer.data.loader import SampleLoader
     from trex.trainer.loop import ConfigProblem, Trainer, finite_or_none, install_sigterm
 
     start = time.time()
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if env.world_size > 1:
             group = _join_job(env, cfg.device, cfg.deterministic)
-        trainer = Trainer(cfg, args.out, group=group, job_name=env.job_name, metrics_port=port)
+        trainer = Trainer(cfg, args.out, group=group, job_name=env.job_name, metrics_port=port, checked=True)
     except ConfigProblem as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
         _leave(group)
@@ -105,9 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         _leave(group)
         return EXIT_FAILURE
     install_sigterm(trainer)
-    packing = packing_line(trainer.loader, cfg.data.seq_len)
-    if packing is not None and trainer.rank == 0:
-        trainer.log(packing)
+    for line in trainer.objective.notes() if trainer.rank == 0 else []:
+        trainer.log(line)
     try:
         with Progress("train", cfg.max_steps, every_s=0.0) as progress:
             progress.done = (trainer.ckpt.latest_step() or 0) if cfg.checkpoint.resume else 0
@@ -125,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         lastCheckpointStep=result.last_checkpoint, skippedSteps=result.skipped_steps, spikes=result.spikes,
         tokens=trainer.tokens_seen, seconds=round(time.time() - start, 3),
     )
-    if isinstance(trainer.loader, SampleLoader):
-        summary["sftSamples"] = dict(trainer.loader.counts)
     if cfg.kernels.registry:
         summary["kernels"] = trainer.kernels.summary()
     if trainer.telemetry is not None:
@@ -137,11 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         from trex.trainer.optim.swap import summary as swap_summary
 
         summary["swap"] = swap_summary(swapped)
-    rl = [r.grpo for r in result.history if r.grpo is not None]
-    if rl:
-        from trex.trainer.rl.step import summary as grpo_summary
-
-        summary["grpo"] = grpo_summary(rl)
+    summary.update(trainer.objective.summary())
     if not result.interrupted and cfg.checkpoint.export_hf:
         exported = _export(trainer)
         if trainer.rank == 0:
@@ -153,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trex train: {summary['result'].lower()} at step {result.final_step}/{cfg.max_steps}, loss {loss_s}, "
           f"MFU {mfu_s}, last checkpoint {result.last_checkpoint}"
           + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else "")
-          + (f", reward {summary['grpo']['rewardMeanFirst']:.3f} -> {summary['grpo']['rewardMeanLast']:.3f}"
-             if "grpo" in summary else ""), file=sys.stderr)
+          + trainer.objective.summary_line(), file=sys.stderr)
     return EXIT_TERMINATED if result.interrupted else EXIT_OK
 
 
