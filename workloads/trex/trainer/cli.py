@@ -10,6 +10,7 @@ overrides one field (camelCase path, YAML value); `--print-config` prints the re
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trex.telemetry.progress import Progress
     from trex.telemetry.summary import write_termination_summary
-    from trex.trainer.loop import ConfigProblem, Trainer, finite_or_none, install_sigterm
+    from trex.trainer.loop import ConfigProblem, Trainer, install_sigterm
 
     start = time.time()
     port = args.metrics_port
@@ -148,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
           + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else "")
           + trainer.objective.summary_line(), file=sys.stderr)
     return EXIT_TERMINATED if result.interrupted else EXIT_OK
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """None for missing or non-finite values (JSON-friendly summaries)."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _export(trainer: Any) -> str | None:

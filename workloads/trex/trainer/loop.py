@@ -10,7 +10,6 @@ in, never taken from globals.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
@@ -18,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -53,7 +52,8 @@ from trex.trainer.parallel.mesh import ParallelDims, dense_coordinates
 from trex.trainer.rules import ConfigProblem, job_problems
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
 
-__all__ = ["ConfigProblem", "StepRecord", "Telemetry", "TrainResult", "Trainer", "finite_or_none", "install_sigterm"]
+if TYPE_CHECKING:
+    from trex.trainer.rl.reward import Verifier
 
 
 @dataclass
@@ -164,7 +164,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainerConfig, out_dir: str | Path = ".", *, group: Any = None,
                  log: Callable[[str], None] | None = None, job_name: str = "local", metrics_port: int | None = None,
-                 measure_peak: bool = True, verifier: Any = None, checked: bool = False) -> None:
+                 measure_peak: bool = True, verifier: Verifier | None = None, checked: bool = False) -> None:
         self.group = group
         self.world = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
@@ -447,7 +447,3 @@ def install_sigterm(trainer: Trainer) -> None:
     """SIGTERM (eviction, preemption) checkpoints after the current step and stops."""
     signal.signal(signal.SIGTERM, trainer.request_stop)
 
-
-def finite_or_none(x: float | None) -> float | None:
-    """None for missing or non-finite values (JSON-friendly summaries)."""
-    return x if x is not None and math.isfinite(x) else None

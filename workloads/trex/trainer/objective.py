@@ -9,7 +9,6 @@ trex.trainer.rl.objective, trex.trainer.distill.objective); trex.trainer.modes p
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -137,9 +136,6 @@ def autocast(cfg: TrainerConfig, dev: torch.device) -> contextlib.AbstractContex
     return contextlib.nullcontext()
 
 
-SumOverRanks = Callable[[list[float]], list[float]]
-
-
 def load_cv(counts: torch.Tensor) -> float:
     """Mean over MoE layers of std/mean of per-expert token counts (0 = perfectly balanced)."""
     if counts.numel() == 0:
@@ -147,8 +143,3 @@ def load_cv(counts: torch.Tensor) -> float:
     c = counts.double()
     mean = c.mean(-1).clamp(min=1e-12)
     return float((c.std(-1, unbiased=False) / mean).mean())
-
-
-def gauges(metrics: dict[str, float], names: Sequence[str] | None = None) -> list[Series]:
-    """``metrics`` (or its ``names``) as gauges of the same name."""
-    return [Series(k, v) for k, v in metrics.items() if names is None or k in names]
