@@ -15,7 +15,10 @@ import os
 import sys
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trex.trainer.loop import Trainer, TrainResult
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_TERMINATED = 0, 1, 2, 143
 
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from trex.telemetry.progress import Progress
     from trex.telemetry.summary import write_termination_summary
-    from trex.trainer.loop import ConfigProblem, Trainer, install_sigterm
+    from trex.trainer.loop import Trainer, install_sigterm
+    from trex.trainer.rules import ConfigProblem
 
     start = time.time()
     port = args.metrics_port
@@ -119,36 +123,48 @@ def main(argv: list[str] | None = None) -> int:
         write_termination_summary(summary)
         _leave(group)
         return EXIT_FAILURE
-    summary.update(
-        result="Interrupted" if result.interrupted else "Succeeded", step=result.final_step,
-        maxSteps=cfg.max_steps, loss=finite_or_none(result.loss), mfu=finite_or_none(result.mfu),
-        lastCheckpointStep=result.last_checkpoint, skippedSteps=result.skipped_steps, spikes=result.spikes,
-        tokens=trainer.tokens_seen, seconds=round(time.time() - start, 3),
-    )
-    if cfg.kernels.registry:
-        summary["kernels"] = trainer.kernels.summary()
-    if trainer.telemetry is not None:
-        summary.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
-                       flopsConvention=trainer.telemetry.convention)
-    swapped = [r.swap for r in result.history if r.swap is not None]
-    if swapped:
-        from trex.trainer.optim.swap import summary as swap_summary
-
-        summary["swap"] = swap_summary(swapped)
-    summary.update(trainer.objective.summary())
+    summary.update(_result(trainer, result, time.time() - start))
     if not result.interrupted and cfg.checkpoint.export_hf:
         exported = _export(trainer)
         if trainer.rank == 0:
             summary["hfExport"] = exported
     _leave(group, done=True)
     write_termination_summary(summary)
+    print(_last_line(trainer, result, summary), file=sys.stderr)
+    return EXIT_TERMINATED if result.interrupted else EXIT_OK
+
+
+def _result(trainer: Trainer, result: TrainResult, seconds: float) -> dict[str, Any]:
+    """The termination summary's entries of a finished (or interrupted) run: the loop's, the kernels', the MFU
+    denominator's, the swap optimizer's and the objective's own."""
+    cfg = trainer.cfg
+    out: dict[str, Any] = {
+        "result": "Interrupted" if result.interrupted else "Succeeded", "step": result.final_step,
+        "maxSteps": cfg.max_steps, "loss": finite_or_none(result.loss), "mfu": finite_or_none(result.mfu),
+        "lastCheckpointStep": result.last_checkpoint, "skippedSteps": result.skipped_steps, "spikes": result.spikes,
+        "tokens": trainer.tokens_seen, "seconds": round(seconds, 3)}
+    if cfg.kernels.registry:
+        out["kernels"] = trainer.kernels.summary()
+    if trainer.telemetry is not None:
+        out.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
+                   flopsConvention=trainer.telemetry.convention)
+    swapped = [r.swap for r in result.history if r.swap is not None]
+    if swapped:
+        from trex.trainer.optim.swap import summary as swap_summary
+
+        out["swap"] = swap_summary(swapped)
+    out.update(trainer.objective.summary())
+    return out
+
+
+def _last_line(trainer: Trainer, result: TrainResult, summary: dict[str, Any]) -> str:
+    """How the run ended, in one line: step, loss, MFU, last checkpoint, swap overlap and the objective's own."""
     loss_s = f"{result.loss:.4f}" if result.loss is not None else "n/a"
     mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"
-    print(f"trex train: {summary['result'].lower()} at step {result.final_step}/{cfg.max_steps}, loss {loss_s}, "
-          f"MFU {mfu_s}, last checkpoint {result.last_checkpoint}"
-          + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else "")
-          + trainer.objective.summary_line(), file=sys.stderr)
-    return EXIT_TERMINATED if result.interrupted else EXIT_OK
+    return (f"trex train: {str(summary['result']).lower()} at step {result.final_step}/{trainer.cfg.max_steps}, "
+            f"loss {loss_s}, MFU {mfu_s}, last checkpoint {result.last_checkpoint}"
+            + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else "")
+            + trainer.objective.summary_line())
 
 
 def finite_or_none(x: float | None) -> float | None:
