@@ -15,7 +15,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 from trex.config_base import TrexModel, load_section
-from trex.trainer.config import TrainerConfig, parallelism_problems
+from trex.trainer.config import TrainerConfig
+from trex.trainer.rules import parallelism_problems
 from trex_operator import crdgen
 from trex_operator.api import KIND_INFO, KINDS, TrainJob
 

@@ -80,7 +80,7 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
         return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind, model=model), None)
     from trex.trainer.parallel.muon import ShardedOrthogonalize
 
-    model, parallel = distributed_model(ModelArgs.from_config(cfg.model), layout.dims, layout.meshes, dtype,
+    model, parallel = distributed_model(cfg.model.args, layout.dims, layout.meshes, dtype,
                                         device.torch_device(), cfg.seed,
                                         reshard_after_forward=cfg.parallelism.reshard_after_forward,
                                         recompute=cfg.recompute)
