@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -33,3 +36,27 @@ def test_gives_up_after_the_timeout_and_does_not_wait_when_not_serving() -> None
     e.serve(0, "127.0.0.1")
     assert e.wait_for_scrape(0.2) is False
     assert Exporter().wait_for_scrape(60.0) is False  # not serving: at once
+
+
+POD = """
+import sys
+from trex.telemetry.exporter import Exporter
+e = Exporter()
+print(e.serve(0, "127.0.0.1"), flush=True)
+e.metric("trex_eval_pass_at_k", benchmark="b", k="1", protocol="strict").set(0.25)
+sys.exit(0 if e.wait_for_scrape(30.0) else 3)
+"""
+
+
+def test_a_pod_that_exits_right_after_the_wait_has_sent_the_whole_scrape() -> None:
+    """The wait ends once the response is on the wire, not when it is generated: a process exiting then
+    must not cut the scrape (Prometheus saw such a pod as down and the eval Pass@1 panel stayed empty)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", POD], stdout=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            body = r.read().decode()
+        assert proc.wait(30) == 0
+        assert 'trex_eval_pass_at_k{benchmark="b",k="1",protocol="strict"} 0.25' in body
