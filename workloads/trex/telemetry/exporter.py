@@ -79,8 +79,8 @@ class Exporter:
 
         if port is None:
             port = int(os.environ.get("TREX_METRICS_PORT", "0"))
-        if addr is None:
-            addr = os.environ.get("TREX_METRICS_ADDR") or "0.0.0.0"
+        host = addr if addr is not None else os.environ.get("TREX_METRICS_ADDR") or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         metrics = make_wsgi_app(self.registry)
         clock = self._clock
 
@@ -93,9 +93,9 @@ class Exporter:
                 """Log nothing."""
 
         class Server(ThreadingWSGIServer):
-            address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+            address_family = family
 
-        server = make_server(addr, port, app, Server, handler_class=Quiet)
+        server = make_server(host, port, app, Server, handler_class=Quiet)
         threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
         self.port = int(server.server_address[1])
         return self.port
