@@ -61,3 +61,11 @@ def summary() -> str:
     else:
         demanded = "not required (missing modes skip)"
     return f"sandbox isolation: default {isolation_mode()}; {modes}; kernel-fs {demanded}"
+
+
+def strongest() -> str:
+    """The mode an ``auto`` sandbox must pick here: kernel-fs where bubblewrap runs (always under
+    ``TREX_REQUIRE_KERNEL_FS=1``), else namespaces where user namespaces work, else audit."""
+    if required() or _available("kernel-fs"):
+        return "kernel-fs"
+    return "namespaces" if _available("namespaces") else "audit"
