@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TAG_VAR = "TREX_DEMO_TEST_TAG"
+TAG_VAR = "DEMO_INTERRUPT_TEST_TAG"
+"""Carried by every process the demo starts (pods inherit the environment but its TREX_ variables)."""
 
 
-def _tagged(tag: str) -> dict[int, str]:
-    """Every live (non-zombie) process whose environment carries ``tag``, with its command name."""
+def _tagged(tag: str) -> dict[int, tuple[str, int]]:
+    """Every live (non-zombie) process whose environment carries ``tag``: its command name and parent."""
     marker = f"{TAG_VAR}={tag}".encode()
     found = {}
     for entry in Path("/proc").iterdir():
@@ -33,8 +34,9 @@ def _tagged(tag: str) -> dict[int, str]:
         try:
             if marker in (entry / "environ").read_bytes():
                 stat = (entry / "stat").read_text()
-                if stat.rsplit(")", 1)[1].split()[0] != "Z":
-                    found[int(entry.name)] = stat[stat.index("(") + 1:stat.rindex(")")]
+                state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+                if state != "Z":
+                    found[int(entry.name)] = (stat[stat.index("(") + 1:stat.rindex(")")], int(ppid))
         except OSError:
             pass
     return found
@@ -68,21 +70,23 @@ def test_interrupted_demo_leaves_nothing_running(tmp_path: Path, sig: signal.Sig
     try:
         # Mid-run: Prometheus is up, the jobs are applied and a pod process of the demo's runs.
         deadline = time.monotonic() + 300
-        pods: dict[int, str] = {}
+        pods: dict[int, tuple[str, int]] = {}
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 out.append(lines.get(timeout=0.5))
+                while not lines.empty():
+                    out.append(lines.get_nowait())
             except queue.Empty:
                 pass
             text = "".join(out)
-            if "Prometheus on http" in text and "created" in text:
-                pods = {p: n for p, n in _tagged(tag).items() if p != proc.pid and n != "prometheus"}
+            if "Prometheus on http" in text and "created" in text:  # a pod: a child of the demo's but Prometheus
+                pods = {p: v for p, v in _tagged(tag).items() if v[1] == proc.pid and v[0] not in ("prometheus", "helm")}
                 if pods:
                     break
         text = "".join(out)
         assert pods, f"the demo never reached a running pod:\n{text[-3000:]}"
         running = _tagged(tag)
-        assert "prometheus" in running.values(), running
+        assert "prometheus" in [name for name, _ in running.values()], running
         ports = [int(p) for p in re.findall(r"(?:API server on http://127\.0\.0\.1:|metrics on 127\.0\.0\.1:|"
                                             r"webhook on http://127\.0\.0\.1:|Prometheus on http://127\.0\.0\.1:)"
                                             r"(\d+)", text)]
