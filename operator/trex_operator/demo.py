@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import datetime as dt
 import json
@@ -25,7 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -406,11 +407,12 @@ def check_dashboard(prom: Any, dashboard: Path, since: float, out: Path, settle_
     return not empty and not errors
 
 
-def _interrupt_on_signals() -> None:
-    """SIGTERM (a closed terminal, a CI timeout) and SIGINT raise KeyboardInterrupt in the main thread, once:
-    the demo's cleanup then stops the kubelet's pods, the operator, the API server and Prometheus (the
-    default SIGTERM action would end the process with none of them stopped). Further signals are ignored
-    while that cleanup runs."""
+@contextlib.contextmanager
+def _interrupt_on_signals() -> Iterator[None]:
+    """While inside: SIGTERM (a closed terminal, a CI timeout) and SIGINT raise KeyboardInterrupt in the main
+    thread, once, so the demo's cleanup stops the kubelet's pods, the operator, the API server and Prometheus
+    (the default SIGTERM action would end the process with none of them stopped); further signals are ignored
+    while that cleanup runs. The previous handlers come back on the way out."""
     import signal
 
     def interrupt(signum: int, _frame: Any) -> None:
@@ -418,9 +420,17 @@ def _interrupt_on_signals() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, interrupt)
-        signal.signal(signal.SIGTERM, interrupt)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep: bool, chart: Path | None = None) -> int:
@@ -705,10 +715,10 @@ def main(argv: list[str]) -> int:
             return 2
         except KeyboardInterrupt:
             return 130
-    _interrupt_on_signals()
     try:
-        return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep,
-                         chart=examples.resolve().parent / "charts" / "trex")
+        with _interrupt_on_signals():
+            return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep,
+                             chart=examples.resolve().parent / "charts" / "trex")
     except ValueError as exc:
         print(f"trex demo: {exc}", file=sys.stderr)
         return 2
