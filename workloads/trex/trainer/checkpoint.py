@@ -5,14 +5,15 @@ Layout under the checkpoint root::
     step-00000100/            DCP shards (__<rank>_0.distcp) + .metadata, extra-<rank>.pt, then manifest.json
     step-00000100.tmp-<pid>/  being written; never read, removed on the next start
 
-A save writes into the temp dir; each rank fsyncs and sha256-hashes the files it wrote itself (its DCP shard,
-its ``extra-<rank>.pt``; rank 0 also ``.metadata``) right after writing them, and rank 0 gathers those small
-digests, renames the dir to ``step-N`` and only then writes ``manifest.json`` (step, every file's size,
-sha256 and writing rank, config hash) atomically. A checkpoint without a manifest is incomplete.
+A save writes into the temp dir; each rank fsyncs and sha256-hashes the files it wrote itself (its DCP shard, whole
+and per 16 MiB block; its ``extra-<rank>.pt``; rank 0 also ``.metadata``) right after writing them, and rank 0
+gathers those small digests, renames the dir to ``step-N`` and only then writes ``manifest.json`` (step, every
+file's size, sha256, block digests and writing rank, config hash) atomically. A checkpoint without a manifest is
+incomplete.
 
 ``extra`` (RNG streams, counters, snapshots) is stored per rank, its tensors on the host: a resume restores
 each rank's own streams (a rank the saving run did not have gets rank 0's). Loading verifies, once, only the
-files the rank reads (``.metadata``, its extra file and the DCP shards its load plan names); a corrupt or
+files the rank reads (``.metadata``, its extra file and the blocks of the DCP shards its load plan reads); a corrupt or
 truncated file raises :class:`CheckpointCorruptError` naming the checkpoint, the file and the rank, and
 :meth:`CheckpointManager.load_latest` falls back to the previous one on every rank. :meth:`latest_step` reads
 manifests and file sizes, never hashes. Works in a single process without ``init_process_group``.
@@ -57,6 +58,22 @@ class Loaded:
     step: int
     path: Path
     extra: dict[str, Any]
+
+
+BLOCK = 16 << 20
+"""DCP shard files are also hashed in blocks of this many bytes: DCP stores a replicated tensor once, in one rank's
+file, so every rank reads a little of other ranks' files; it verifies the blocks it reads, not those files whole."""
+
+
+def file_digests(path: Path, block: int = BLOCK) -> tuple[str, list[str]]:
+    """Hex sha256 of a file's bytes and of each of its ``block``-byte blocks, in one pass."""
+    whole = hashlib.sha256()
+    blocks: list[str] = []
+    with open(path, "rb") as fh:
+        while data := fh.read(block):
+            whole.update(data)
+            blocks.append(hashlib.sha256(data).hexdigest())
+    return whole.hexdigest(), blocks
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -179,6 +196,40 @@ class CheckpointManager:
         self.hashed_bytes += path.stat().st_size
         return sha256_file(path)
 
+    def _entry(self, path: Path, rank: int) -> dict[str, Any]:
+        """A written file's manifest entry: size, sha256, writing rank and (DCP shards) per-block sha256."""
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+        entry: dict[str, Any] = {"bytes": path.stat().st_size, "rank": rank}
+        self.hashed_bytes += entry["bytes"]
+        if path.suffix == ".distcp":
+            entry["sha256"], entry["blocks"] = file_digests(path)
+        else:
+            entry["sha256"] = sha256_file(path)
+        return entry
+
+    def verify_range(self, path: Path, listed: dict[str, Any], name: str, start: int, stop: int,
+                     checked: set[tuple[str, int]]) -> None:
+        """Check the blocks of file ``name`` that bytes [start, stop) lie in against ``listed`` (the manifest's
+        files) block digests (the whole file when it has none), skipping those in ``checked``, adding those checked."""
+        digests = listed[name].get("blocks")
+        if digests is None:
+            if (name, -1) not in checked:
+                self.verify(path, [name])
+                checked.add((name, -1))
+            return
+        with open(path / name, "rb") as fh:
+            for b in range(start // BLOCK, -(-stop // BLOCK)):
+                if (name, b) in checked:
+                    continue
+                fh.seek(b * BLOCK)
+                data = fh.read(BLOCK)
+                self.hashed_bytes += len(data)
+                if hashlib.sha256(data).hexdigest() != digests[b]:
+                    raise CheckpointCorruptError(f"checkpoint {path.name}: file {name} fails its sha256 check "
+                                                 f"(bytes {b * BLOCK}-{b * BLOCK + len(data)})")
+                checked.add((name, b))
+
     def latest_step(self) -> int | None:
         """Step of the newest checkpoint whose manifest is present and whose files have their sizes (no hashing)."""
         for step, path in self.step_dirs():
@@ -221,11 +272,7 @@ class CheckpointManager:
         mine = [tmp / extra_name(rank), *sorted(tmp.glob(f"__{rank}_*.distcp"))]
         if rank == 0:
             mine.append(tmp / ".metadata")
-        files: dict[str, dict[str, Any]] = {}
-        for f in mine:
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-            files[f.name] = {"bytes": f.stat().st_size, "sha256": self._sha256(f), "rank": rank}
+        files = {f.name: self._entry(f, rank) for f in mine}
         gathered = _gather(files, self.group, active)
         if rank == 0:
             for part in gathered:
@@ -235,9 +282,7 @@ class CheckpointManager:
             for f in sorted(tmp.rglob("*")):
                 name = str(f.relative_to(tmp))
                 if f.is_file() and name not in files:  # what before_commit added
-                    with open(f, "rb") as fh:
-                        os.fsync(fh.fileno())
-                    files[name] = {"bytes": f.stat().st_size, "sha256": self._sha256(f), "rank": 0}
+                    files[name] = self._entry(f, 0)
             fsync_dir(tmp)
             if final.exists():
                 shutil.rmtree(final)
@@ -291,7 +336,7 @@ class CheckpointManager:
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-                dcp_load(state, storage_reader=_VerifyingReader(self, path, rank),
+                dcp_load(state, storage_reader=_VerifyingReader(self, path, manifest["files"], rank),
                          process_group=self.group)
         except CheckpointException as e:  # DCP gathers every rank's failure; name the corrupt files
             corrupt = [str(exc) for exc, _ in e.failures.values() if isinstance(exc, CheckpointCorruptError)]
@@ -333,22 +378,23 @@ class CheckpointManager:
 
 
 class _VerifyingReader(FileSystemReader):
-    """DCP's file reader that first checks, against the manifest, the sha256 of each shard file this rank's load
-    plan reads (each once)."""
+    """DCP's file reader that first checks, against the manifest, the sha256 of each block of the shard files this
+    rank's load plan reads (each block once)."""
 
-    def __init__(self, manager: CheckpointManager, path: Path, rank: int) -> None:
+    def __init__(self, manager: CheckpointManager, path: Path, listed: dict[str, Any], rank: int) -> None:
         super().__init__(str(path))
-        self.manager, self.ckpt, self.own_rank = manager, path, rank
-        self.checked: set[str] = set()
+        self.manager, self.ckpt, self.listed, self.own_rank = manager, path, listed, rank
+        self.checked: set[tuple[str, int]] = set()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """Verify the files ``plan`` reads (CheckpointCorruptError naming the rank), then read them."""
-        for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
-            if name in self.checked:
-                continue
-            try:
-                self.manager.verify(self.ckpt, [name])
-            except CheckpointCorruptError as e:
-                raise CheckpointCorruptError(f"rank {self.own_rank}: {e}") from None
-            self.checked.add(name)
+        """Verify the blocks ``plan`` reads (CheckpointCorruptError naming the rank), then read them."""
+        spans = sorted((info.relative_path, info.offset, info.offset + info.length)
+                       for info in (self.storage_data[item.storage_index] for item in plan.items))
+        try:
+            for name, start, stop in spans:
+                if name not in self.listed:
+                    raise CheckpointCorruptError(f"checkpoint {self.ckpt.name}: file {name} is not in its {MANIFEST}")
+                self.manager.verify_range(self.ckpt, self.listed, name, start, stop, self.checked)
+        except CheckpointCorruptError as e:
+            raise CheckpointCorruptError(f"rank {self.own_rank}: {e}") from None
         return super().read_data(plan, planner)
