@@ -82,6 +82,25 @@ def test_box_dequantization_equals_the_whole_tensor_s(tmp_path: Path, fmt: str) 
                 assert folder.bytes_read - before < w[0].numel()  # never the whole expert
 
 
+def test_bad_folders_are_named(tmp_path: Path) -> None:
+    """A truncated file names the file and tensor; a tensor of the wrong shape names the parameter."""
+    from safetensors.torch import save_file
+    from trex.trainer.hf import load_hf_into, save_hf
+    from trex.trainer.hfio.reader import SafetensorsFolder
+    from trex.trainer.model.model import build_model_from_args
+
+    save_file({"a": torch.randn(64, 64)}, tmp_path / "m.safetensors")
+    raw = (tmp_path / "m.safetensors").read_bytes()
+    (tmp_path / "m.safetensors").write_bytes(raw[: len(raw) - 100])
+    with SafetensorsFolder(tmp_path) as folder, pytest.raises(OSError, match=r"m.safetensors: short read of a"):
+        folder.read("a", (slice(60, 64), slice(0, 64)))
+    small = ModelArgs(**dict(V4, mtp_depth=0))  # type: ignore[arg-type]
+    save_hf(build_model_from_args(small, seed=0), tmp_path / "hf")
+    wider = build_model_from_args(ModelArgs(**dict(V4, mtp_depth=0, vocab_size=96)), seed=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"(embed_tokens|lm_head).weight: checkpoint shape \(64, 64\) != model shape \(96, 64\)"):
+        load_hf_into(wider, tmp_path / "hf")
+
+
 def _args() -> ModelArgs:
     return ModelArgs(**V4)  # type: ignore[arg-type]
 
