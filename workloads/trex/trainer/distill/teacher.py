@@ -57,12 +57,13 @@ class TeacherLayout:
     """The tensor-parallel group (the KL's vocabulary shards), None when tp = 1."""
 
     def load(self, directory: Path, dtype: torch.dtype, device: torch.device) -> DeepSeekModel:
-        """The teacher in ``directory`` built on the meta device, distributed like the student and filled with its
-        weights (each rank keeps its own shards)."""
+        """The teacher in ``directory`` built on the meta device, distributed like the student and stored in ``dtype``
+        (frozen: no fp32 masters), filled with its weights (each rank reads only its own shards)."""
         from trex.trainer.build import distributed_model
         from trex.trainer.hf import args_from_hf_dir, load_hf_sharded
 
-        model, _ = distributed_model(args_from_hf_dir(directory), self.dims, self.meshes, dtype, device, seed=0)
+        model, _ = distributed_model(args_from_hf_dir(directory), self.dims, self.meshes, dtype, device, seed=0,
+                                     frozen=True)
         load_hf_sharded(model, directory)
         return model
 
