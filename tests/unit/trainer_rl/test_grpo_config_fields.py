@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 from trex.config_base import load_section
-from trex.evaluation import runner
-from trex.evaluation.benchmarks.base import Item, parse_truth
-from trex.evaluation.scoring import Execution
 from trex.trainer.config import TrainerConfig
 from trex.trainer.rl.reward import machine_workers
 from trex.trainer.rl.step import default_verifier
 from trex.trainer.rollout import wal as wal_module
 from trex.trainer.rollout.wal import Record, RolloutLog
+from trex.verify import program
+from trex.verify.items import Item, parse_truth
+from trex.verify.scoring import Execution
 
 
 def _cfg(**grpo: Any) -> TrainerConfig:
@@ -38,7 +38,7 @@ def test_verifier_workers_bound_the_programs_in_flight(monkeypatch: pytest.Monke
         live -= 1
         return Execution(0, False, "", {"status": "optimal", "objective": 1.0, "values": {}}), {}, None
 
-    monkeypatch.setattr(runner, "run_program", fake_run)
+    monkeypatch.setattr(program, "run_program", fake_run)
     items = [Item(str(i), "q", parse_truth("1")) for i in range(6)]
     verifier = default_verifier(_cfg(verifierWorkers=2, verifierTimeoutS=7.5))
     rewards = asyncio.run(verifier.score(["```python\nx = 1\n```"] * 6, items))
