@@ -15,6 +15,7 @@ import ast
 import math
 import re
 import textwrap
+import types
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,13 +32,14 @@ REASONS: dict[str, str] = {
     "ast.syntax_error": "the code does not parse",
     "ast.forbidden_import": "the code imports a module outside the allow-list",
     "ast.forbidden_call": "the code calls a function that touches files, processes, the network or dynamic code",
-    "ast.forbidden_attribute": "the code reaches into dunder attributes (introspection escapes)",
+    "ast.forbidden_attribute": "the code reaches a private or dunder attribute, a module as a value or a name outside the allow-list",
     "ast.no_solver_call": "the code never calls a solver (gurobipy .optimize(), highspy .run()/.minimize()/.maximize())",
     "ast.no_protocol_output": "the code never prints the TREX_RESULT protocol line",
     "exec.timeout": "the program ran past its wall-clock or CPU limit",
     "exec.resource_limit": "the program hit a memory, output, file-size or process limit",
     "exec.runtime_error": "the program exited with an error",
     "exec.no_result": "the recorded solve is optimal but has no objective",
+    "exec.forged_record": "a solve record the sandbox's solver recorder did not write (the run's records are refused)",
     "exec.no_solver_call": "the sandbox recorded no gurobipy/highspy solve (a printed TREX_RESULT does not count)",
     "structure.no_model": "the recorded solve carries no model text (larger than the cap, or not writable)",
     "structure.mismatch": "the recorded model is not the instance's model (ORGEval equivalence)",
@@ -116,11 +118,20 @@ class Cleaner:
 
 
 # --- AST contract -----------------------------------------------------------------------------------
-ALLOWED_IMPORTS = frozenset({
-    "gurobipy", "highspy", "numpy", "math", "cmath", "itertools", "json", "collections", "functools", "fractions",
-    "decimal", "statistics", "typing", "dataclasses", "operator", "heapq", "bisect", "random", "string", "enum",
-    "copy", "__future__",
+# Modules a program may import or reach, per solver family: names, not packages (``numpy.ctypeslib`` or
+# ``fractions.sys`` are not in it). ``None`` (the family is not known) allows both families.
+COMMON_MODULES = frozenset({
+    "math", "cmath", "itertools", "json", "collections", "collections.abc", "functools", "fractions", "decimal",
+    "statistics", "typing", "dataclasses", "operator", "heapq", "bisect", "random", "string", "enum", "copy",
+    "__future__",
 })
+_NUMPY = frozenset({"numpy", "numpy.linalg", "numpy.random"})
+ALLOWED_MODULES: dict[str | None, frozenset[str]] = {
+    "gurobipy": COMMON_MODULES | _NUMPY | {"gurobipy", "gurobipy.nlfunc"},
+    "highspy": COMMON_MODULES | _NUMPY | {"highspy"},
+}
+ALLOWED_MODULES[None] = ALLOWED_MODULES["gurobipy"] | ALLOWED_MODULES["highspy"]
+ALLOWED_IMPORTS = frozenset(m.split(".")[0] for m in ALLOWED_MODULES[None])
 FORBIDDEN_NAMES = frozenset({
     "open", "exec", "eval", "compile", "__import__", "input", "breakpoint", "globals", "locals", "vars",
     "getattr", "setattr", "delattr", "memoryview", "help", "__builtins__", "__loader__", "__spec__",
@@ -130,11 +141,25 @@ FORBIDDEN_METHODS = frozenset({
     "system", "popen", "Popen", "spawn", "urlopen", "connect", "load", "loads_file", "save", "savez",
     "savez_compressed", "savetxt", "loadtxt", "genfromtxt", "fromfile", "tofile", "memmap", "dump", "write",
     "read", "writeModel", "readModel", "writeSolution", "readSolution", "writeBasis", "readBasis", "writeInfo",
-    "writeOptions", "readOptions", "writeParams", "readParams", "setLogFile", "import_module",
+    "writeOptions", "readOptions", "writeParams", "readParams", "setLogFile", "import_module", "get_field",
+})
+# Names of allowed modules that reach attributes by string, evaluate text or open files.
+FORBIDDEN_MODULE_NAMES: dict[str, frozenset[str]] = {
+    "operator": frozenset({"attrgetter", "methodcaller"}),
+    "string": frozenset({"Formatter"}),
+    "typing": frozenset({"get_type_hints", "ForwardRef"}),
+    "numpy": frozenset({"fromregex", "DataSource", "info", "show_config", "show_runtime", "get_include"}),
+}
+# Where an object may not come from, whatever allowed name re-exports it.
+FORBIDDEN_ORIGINS = frozenset({
+    "os", "posix", "nt", "posixpath", "ntpath", "sys", "subprocess", "_posixsubprocess", "ctypes", "_ctypes", "io",
+    "_io", "shutil", "socket", "_socket", "importlib", "pathlib", "tempfile", "pty", "signal", "_signal", "gc",
+    "inspect", "builtins",
 })
 ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__doc__"})
 SOLVER_METHODS = frozenset({"optimize", "run", "minimize", "maximize"})
 PROTOCOL_MARK = "TREX_RESULT"
+_MISSING = object()
 
 
 def _called_name(call: ast.Call) -> tuple[str | None, str | None]:
@@ -152,40 +177,146 @@ def _mentions_protocol(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
-def ast_gate(code: str) -> GateResult:
-    """Static contract: parses; allowed imports only; no file/process/network/dynamic-code use; a solver
-    call; the TREX_RESULT line printed."""
+def _module(name: str) -> Any:
+    """The module ``name`` imported here (in the trusted parent), or None when it cannot be."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        return None
+
+
+def _attribute(owner: Any, owner_name: str, attr: str) -> Any:
+    """``owner.attr`` as the program would see it, a submodule included; :data:`_MISSING` when absent."""
+    try:
+        return getattr(owner, attr)
+    except Exception:
+        pass
+    if isinstance(owner, types.ModuleType):
+        sub = _module(f"{owner_name}.{attr}")
+        if sub is not None:
+            return sub
+    return _MISSING
+
+
+def _dangerous(obj: Any) -> bool:
+    """A builtin the contract forbids by name, or an object defined by a module of :data:`FORBIDDEN_ORIGINS`."""
+    import builtins
+
+    if any(obj is getattr(builtins, n, None) for n in FORBIDDEN_NAMES if not n.startswith("__") or n == "__import__"):
+        return True
+    origin = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
+    if not isinstance(origin, str):
+        origin = type(obj).__module__
+    return origin.split(".")[0] in FORBIDDEN_ORIGINS and not (origin == "builtins" and not callable(obj))
+
+
+def name_check(module: str, attrs: Sequence[str], allowed: frozenset[str]) -> str | None:
+    """Why ``module.attrs[0].attrs[1]...`` is refused, or None: every name public and not forbidden, every
+    module passed through allowed, the end no module and nothing from a forbidden origin (resolved by
+    importing the allowed modules here; a module this process cannot import is checked by name only)."""
+    if not attrs:
+        return f"module {module} used as a value"
+    owner: Any = _module(module)
+    owner_name = module
+    for i, attr in enumerate(attrs):
+        dotted = ".".join((module, *attrs[:i + 1]))
+        if attr.startswith("_") or attr in FORBIDDEN_METHODS or attr in FORBIDDEN_MODULE_NAMES.get(owner_name, ()):
+            return f"{dotted} is not an allowed name"
+        if owner is None:
+            return None
+        obj = _attribute(owner, owner_name, attr)
+        if obj is _MISSING:
+            return f"{dotted} does not exist"
+        if isinstance(obj, types.ModuleType):
+            if obj.__name__ not in allowed:
+                return f"{dotted} is module {obj.__name__}, not an allowed module"
+            if i == len(attrs) - 1:
+                return f"{dotted} is a module used as a value"
+            owner, owner_name = obj, obj.__name__
+            continue
+        if _dangerous(obj):
+            return f"{dotted} re-exports {getattr(obj, '__module__', type(obj).__module__)}"
+        if not isinstance(obj, type):
+            return None
+        owner, owner_name = obj, dotted
+    return None
+
+
+def import_gate(code: str, solver: str | None = None) -> GateResult:
+    """The names a program may use: allowed modules of its solver family (:data:`ALLOWED_MODULES`) used only
+    through public, non-forbidden names (a module never as a value: ``m = random`` would hand ``random._os``
+    on), no private or dunder attribute anywhere, no forbidden builtin, no star import."""
+    if solver not in ALLOWED_MODULES:
+        raise ValueError(f"solver must be one of gurobipy, highspy or None, got {solver!r}")
+    allowed = ALLOWED_MODULES[solver]
     try:
         tree = ast.parse(code)
     except SyntaxError as exc:
         return reject("ast.syntax_error", f"line {exc.lineno}: {exc.msg}")
     except ValueError as exc:  # e.g. NUL bytes
         return reject("ast.syntax_error", str(exc))
-    solver = protocol = False
+    bound: dict[str, str] = {}  # names bound to modules -> module name
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            if isinstance(node, ast.ImportFrom) and node.level:
-                return reject("ast.forbidden_import", f"line {node.lineno}: relative import")
-            for mod in mods:
-                if mod.split(".")[0] not in ALLOWED_IMPORTS:
-                    return reject("ast.forbidden_import", f"line {node.lineno}: import {mod}")
-        elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
-            return reject("ast.forbidden_call", f"line {node.lineno}: {node.id}")
-        elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in ALLOWED_DUNDERS:
-                return reject("ast.forbidden_attribute", f"line {node.lineno}: .{node.attr}")
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name not in allowed:
+                    return reject("ast.forbidden_import", f"line {node.lineno}: import {a.name}")
+                if a.asname:
+                    bound[a.asname] = a.name
+                else:
+                    root = a.name.split(".")[0]
+                    if root not in allowed:
+                        return reject("ast.forbidden_import", f"line {node.lineno}: import {a.name}")
+                    bound[root] = root
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level or mod not in allowed:
+                return reject("ast.forbidden_import", f"line {node.lineno}: from {'.' * node.level}{mod} import")
+            for a in node.names:
+                if a.name == "*":
+                    return reject("ast.forbidden_import", f"line {node.lineno}: from {mod} import *")
+                if f"{mod}.{a.name}" in allowed:  # an allowed submodule, bound like an import
+                    bound[a.asname or a.name] = f"{mod}.{a.name}"
+                elif why := name_check(mod, [a.name], allowed):
+                    return reject("ast.forbidden_import", f"line {node.lineno}: {why}")
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id in FORBIDDEN_NAMES or (node.id.startswith("__") and node.id not in ALLOWED_DUNDERS):
+                return reject("ast.forbidden_call", f"line {node.lineno}: {node.id}")
+            if node.id in bound:
+                attrs: list[str] = []
+                cur: ast.AST = node
+                while isinstance(up := parents.get(id(cur)), ast.Attribute) and up.value is cur:
+                    attrs.append(up.attr)
+                    cur = up
+                why = name_check(bound[node.id], attrs, allowed)
+                if why:
+                    return reject("ast.forbidden_attribute", f"line {node.lineno}: {why}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and node.attr not in ALLOWED_DUNDERS:
+            return reject("ast.forbidden_attribute", f"line {node.lineno}: .{node.attr}")
         elif isinstance(node, ast.Call):
-            name, method = _called_name(node)
+            _, method = _called_name(node)
             if method in FORBIDDEN_METHODS:
                 return reject("ast.forbidden_call", f"line {node.lineno}: .{method}()")
-            if method in SOLVER_METHODS:
-                solver = True
-            if name == "print" and _mentions_protocol(node):
-                protocol = True
-    if not solver:
+    return accept()
+
+
+def ast_gate(code: str, solver: str | None = None) -> GateResult:
+    """Static contract: :func:`import_gate` (allowed names only), a solver call, the TREX_RESULT line printed."""
+    g = import_gate(code, solver)
+    if not g.accepted:
+        return g
+    tree = ast.parse(code)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    if not any(_called_name(c)[1] in SOLVER_METHODS for c in calls):
         return reject("ast.no_solver_call", "no .optimize(), .run(), .minimize() or .maximize() call")
-    if not protocol:
+    if not any(_called_name(c)[0] == "print" and _mentions_protocol(c) for c in calls):
         return reject("ast.no_protocol_output", f"no print(...) of a {PROTOCOL_MARK} line")
     return accept()
 
@@ -205,6 +336,8 @@ class RunLike(Protocol):
     @property
     def solve(self) -> dict[str, Any] | None: ...
     @property
+    def records_refused(self) -> str | None: ...
+    @property
     def ok(self) -> bool: ...
 
 
@@ -221,6 +354,8 @@ def execution_gate(run: RunLike) -> GateResult:
         return reject("exec.resource_limit", str(run.killed_reason))
     if not run.ok:
         return reject("exec.runtime_error", f"exit {run.exit_code}, {run.killed_reason or ''} {_last_line(run.stderr)}".strip())
+    if run.records_refused:
+        return reject("exec.forged_record", run.records_refused)
     solve = run.solve
     if solve is None:
         return reject("exec.no_solver_call", "no gurobipy Model.optimize or highspy Highs.run was recorded")
