@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 from trex.config_base import format_validation_error
 
+from trex_operator import refgraph
 from trex_operator.api import KINDS, CommonSpec, JobStatus
 from trex_operator.children import LABEL_ATTEMPT, LABEL_INDEX, JobCtx
 from trex_operator.defaults import EffectiveGang, GangError, effective_gang
@@ -33,7 +34,6 @@ from trex_operator.lifecycle import (
     set_condition,
     transition,
 )
-from trex_operator import refgraph
 from trex_operator.plan import ChildRef, Event, Manifest, Observed, Plan
 from trex_operator.ranktable import LayoutError, ascend_layout
 

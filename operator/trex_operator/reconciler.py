@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from trex_operator.api import API_VERSION, KINDS
 from trex_operator.children import LABEL_NAME, JobCtx, to_json
 from trex_operator.defaults import ClusterDefaults

@@ -40,7 +40,7 @@ def referenced_fields(body: Mapping[str, Any], waits: bool = False) -> list[tupl
     teachers = opd.get("teachers") if isinstance(opd, dict) else None
     for i, t in enumerate(teachers if isinstance(teachers, list) else []):
         name = t.get("name") if isinstance(t, dict) else None
-        if _valid_name(name) and not (waits and isinstance(t, dict) and t.get("path")):
+        if isinstance(name, str) and _valid_name(name) and not (waits and isinstance(t, dict) and t.get("path")):
             out.append((f"spec.trainer.opd.teachers[{i}]", ("TrainJob", name)))
     return out
 

@@ -164,3 +164,37 @@ def test_subclass_cannot_change_what_is_recorded() -> None:
 def test_pinned_model_is_correct_in_eval_and_refused_by_the_structural_gate() -> None:
     assert eval_verdict(PINNED) == "correct"  # the published protocols accept a pinned model
     assert ordata_outcome(PINNED) == "structure.mismatch"
+
+
+CONSTANT = HONEST.replace("m.setObjective(x + 2 * y, GRB.MAXIMIZE)", "m.setObjective(gp.LinExpr(17.0), GRB.MAXIMIZE)")
+
+
+def grpo(code: str, item: Item, **kw: bool) -> tuple[float, float, float, str]:
+    r = asyncio.run(ORVerifier(RewardWeights(0.5, 1.0, 1.0), workers=1, **kw).score([f"```python\n{code}```"],
+                                                                                     [item]))[0]
+    return r.format, r.execution, r.objective, r.outcome
+
+
+@pytest.mark.parametrize("reference", ["answer", "lp"])
+def test_grpo_rewards_only_the_reference_model(reference: str) -> None:
+    """With a reference model (an ORData prompt's reference answer, or a reference LP), a pinned model and a
+    constant objective earn the format term only; the honest model earns everything; without the check (or
+    without a reference) the pinned model is correct, as under the published protocols."""
+    if reference == "answer":
+        item = Item("toy-ref", "Maximise x + 2y.", parse_truth("17"),
+                    meta={"reference": f"The model.\n```python\n{HONEST}```\nObjective 17."})
+    else:
+        lp = run_python(HONEST, limits=Limits(timeout_s=30)).solve
+        assert lp is not None and lp["lp"]
+        item = Item("toy-lp", "Maximise x + 2y.", parse_truth("17"), reference_lp=lp["lp"])
+    assert eval_verdict(CONSTANT) == "correct"
+    assert grpo(HONEST, item, import_gate=True) == (1.0, 1.0, 1.0, "correct")
+    assert grpo(PINNED, item, import_gate=True) == (1.0, 0.0, 0.0, "structure_mismatch")
+    assert grpo(CONSTANT, item, import_gate=True) == (1.0, 0.0, 0.0, "structure_mismatch")
+    assert grpo(PINNED, item, structure=False) == (1.0, 1.0, 1.0, "correct")
+    assert grpo(PINNED, ITEM) == (1.0, 1.0, 1.0, "correct")
+
+
+def test_grpo_import_gate() -> None:
+    assert grpo(FORGERIES["random_os_fd4"], ITEM, import_gate=True) == (1.0, 0.0, 0.0, "forbidden_code")
+    assert grpo(FORGERIES["random_os_fd4"], ITEM)[3] == "no_solver_call"

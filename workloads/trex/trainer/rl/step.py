@@ -24,12 +24,12 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from trex.evaluation.benchmarks.base import Item
-from trex.evaluation.scoring import CATEGORIES
 from trex.prompt_contract import PAD
 from trex.trainer.config import TrainerConfig
 from trex.trainer.parallel.decode import shared_over
 from trex.trainer.rl.grpo import group_advantages, grpo_loss, token_logprobs
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
+from trex.trainer.rl.reward import OUTCOMES as VERIFIER_OUTCOMES
 from trex.trainer.rl.reward import Reward, Verifier
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
@@ -38,7 +38,7 @@ from trex.trainer.rollout.wal import RolloutLog
 WAL_DIR = "rollouts"
 """Folder under the checkpoint root holding the current step's rollout logs."""
 
-OUTCOMES = CATEGORIES
+OUTCOMES = VERIFIER_OUTCOMES
 """Verifier outcome categories counted per step (summed over ranks by name; others are not counted)."""
 
 
@@ -274,7 +274,8 @@ def default_verifier(cfg: TrainerConfig) -> Verifier:
     g = cfg.grpo
     w = RewardWeights(format=g.reward.format, execution=g.reward.execution, objective=g.reward.objective)
     return ORVerifier(w, protocol=g.protocol, reasoning_mode=cfg.data.reasoning_mode,
-                      workers=g.verifier_workers or None, timeout_s=g.verifier_timeout_s)
+                      workers=g.verifier_workers or None, timeout_s=g.verifier_timeout_s,
+                      structure=g.reward.structure, import_gate=g.reward.import_gate)
 
 
 def summary(steps: Sequence[GRPOStats]) -> dict[str, Any]:
