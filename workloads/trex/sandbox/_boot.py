@@ -15,9 +15,10 @@ interpreter. Three stages, chosen by the configuration:
   drops every capability (and to the run's uid) and installs the seccomp filter;
 * ``audit``: join the cgroup, set the limits and run the user program.
 
-The user program always runs behind the solver recorder (:class:`_SolverHook`: every gurobipy
-``Model.optimize`` and highspy ``Highs.run``/``solve`` writes one JSON record of status,
-objective, sizes and the model's LP text to the records descriptor) and the audit-hook guard
+The user program always runs behind the solver recorder (:class:`_SolverHook` and :func:`_recorder`: every
+gurobipy ``Model.optimize`` and highspy ``Highs.run``/``solve`` writes one record of status, objective,
+sizes and the model's LP text to the records descriptor, tagged with an HMAC under a per-run key announced
+before the program runs) and the audit-hook guard
 (file access confined to the work folder plus read-only interpreter folders, no program
 execution, no UNIX sockets outside the folder; in ``audit`` mode also no network sockets and no
 signals to foreign processes). With ``--zygote FD`` the same code serves as a fork server.
