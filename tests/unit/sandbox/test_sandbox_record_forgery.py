@@ -76,6 +76,15 @@ FORGERIES = {
     "recorder_gc": SPRAY + SIGNED + RECORDER + (
         "import gc, json\ntry:\n    for o in gc.get_referents(send.__self__):\n        pass\n"
         "except PermissionError as e:\n    print('refused:', e)\n    spray()\n") + REPORT,
+    "recorder_throw": SPRAY + SIGNED + RECORDER + (
+        "import json\ntry:\n    send.__self__.throw(ValueError('x'))\n    print('refused: the recorder kept its frame')\n"
+        "    spray()\nexcept ValueError as e:\n    tb = e.__traceback__\n"
+        "    while tb.tb_next:\n        tb = tb.tb_next\n    signed(tb.tb_frame.f_locals['mac'])\n") + REPORT,
+    "recorder_finaliser": SPRAY + SIGNED + RECORDER + (
+        "import json\nfound = []\nclass Bait:\n    def __del__(self):\n        f = sys._getframe(1)\n"
+        "        while f is not None:\n            if 'mac' in f.f_locals:\n                found.append(f.f_locals['mac'])\n"
+        "            f = f.f_back\nsend(('gurobipy', Bait()))\nsend(('gurobipy', Bait()))\n"
+        "if found:\n    signed(found[0])\nelse:\n    print('refused: no frame')\n    spray()\n") + REPORT,
     "recorder_fake_object": RECORDER + (
         "import json\nclass Fake:\n    pass\nsend(('gurobipy', Fake()))\n"
         "send(('register', ('gurobipy', type(sys)('gurobipy'))))\n") + REPORT,
@@ -150,7 +159,7 @@ def test_a_forged_record_refuses_the_runs_records() -> None:
 
 def test_recorder_routes_are_closed_in_the_program() -> None:
     """The routes to the recorder's key are refused inside the sandbox (not merely unused)."""
-    for name in ("read_key_from_proc_fd", "recorder_frame", "recorder_gc"):
+    for name in ("read_key_from_proc_fd", "recorder_frame", "recorder_gc", "recorder_throw", "recorder_finaliser"):
         run = run_python(FORGERIES[name], limits=Limits(timeout_s=30))
         assert "refused:" in run.stdout, (name, run.stdout, run.stderr[-500:])
 

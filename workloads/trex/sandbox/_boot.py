@@ -760,7 +760,7 @@ def _write_all(fd: int, data: bytes) -> bool:
     return True
 
 
-def _recorder(fd: int, workdir: str, cap: int, guard: Any) -> Any:
+def _recorder(fd: int, workdir: str, cap: int, guard: Any, parking: list[Any]) -> Any:
     """The solve recorder, a generator the program can only ask to record a real solver object.
 
     Primed before the program runs, it draws a per-run key, writes ``trex-records-v2 <key>`` as the first
@@ -770,6 +770,7 @@ def _recorder(fd: int, workdir: str, cap: int, guard: Any) -> Any:
     (captured when the solver was imported: a subclass cannot override them) and writes
     ``<hmac> {json with seq}``. A forked child records nothing; exceptions never leave the frame (a
     traceback would lead into it); the guard keeps the frame and the LP file away from the program."""
+    import gc
     import hashlib
     import hmac
     import json
@@ -784,37 +785,56 @@ def _recorder(fd: int, workdir: str, cap: int, guard: Any) -> Any:
     token = secrets.token_hex(16)
     guard.protect(token)
     pid, seq, readers = os.getpid(), 0, {}
-    request = yield
+    request: Any = None
     while True:
         try:
+            request = yield
+        except GeneratorExit:
+            return
+        except BaseException as exc:  # throw(): the exception must not leave with a traceback into this frame
+            BaseException.with_traceback(exc, None)
+            del exc
+            continue
+        # Until the next yield no Python code of the program may look at frames in this thread (user code can
+        # run inside: a property, a finaliser), no collection runs finalisers here and the program's objects are
+        # parked, not dropped: the caller empties ``parking`` once this frame is suspended again.
+        guard.recording = threading.get_ident()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            parking.append(request)
+            if type(request) is not tuple or len(request) != 2 or type(request[0]) is not str:
+                continue
             kind, obj = request
             if kind == "register":
+                if type(obj) is not tuple or len(obj) != 2 or obj[0] not in _READERS or obj[0] in readers:
+                    continue
                 name, module = obj
                 cls_name, names = _READERS[name]
                 cls = getattr(module, cls_name)
-                methods = {n: getattr(cls, n) for n in names}
-                if name not in readers and isinstance(cls, type) and all(_c_method(f, n) for n, f in methods.items()):
+                methods: Any = {n: getattr(cls, n) for n in names}
+                if isinstance(cls, type) and all(_c_method(f, n) for n, f in methods.items()):
                     readers[name] = (cls, methods)
             elif ok and kind in readers and os.getpid() == pid and seq < MAX_RECORDS and isinstance(obj, readers[kind][0]):
-                guard.recording = threading.get_ident()
-                try:
-                    fields = (_read_gurobi if kind == "gurobipy" else _read_highs)(obj, readers[kind][1])
-                    path = os.path.join(workdir, f".trex-{token}-{seq}.lp")
-                    lp, truncated = _model_text(fields.pop("write"), obj, path, cap)
-                finally:
-                    guard.recording = None
+                fields: Any = (_read_gurobi if kind == "gurobipy" else _read_highs)(obj, readers[kind][1])
+                path = os.path.join(workdir, f".trex-{token}-{seq}.lp")
+                lp, truncated = _model_text(fields.pop("write"), obj, path, cap)
                 seq += 1
                 value = fields["objective"]
-                fields["objective"] = float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+                fields["objective"] = float(value) if type(value) in (int, float) and math.isfinite(value) else None
                 body = json.dumps({"seq": seq, "api": kind, **fields, "lp": lp, "lp_truncated": truncated}).encode()
                 digest = mac.copy()
                 digest.update(body)
                 ok = _write_all(fd, digest.hexdigest().encode() + b" " + body + b"\n")
         except BaseException as exc:  # the program's exception must not carry a traceback into this frame
-            exc.__traceback__ = None
-            guard.recording = None
+            BaseException.with_traceback(exc, None)
+            parking.append(exc)
             del exc
-        request = yield
+        finally:
+            request = kind = obj = name = module = cls = methods = fields = None
+            if collecting:
+                gc.enable()
+            guard.recording = None
 
 
 def _read_gurobi(m: Any, f: dict[str, Any]) -> dict[str, Any]:
@@ -865,10 +885,11 @@ def _model_text(write: Any, obj: Any, path: str, cap: int) -> tuple[str | None, 
     return data.decode("utf-8", "replace"), False
 
 
-def _instrument(name: str, module: Any, send: Any) -> None:
+def _instrument(name: str, module: Any, send: Any, parking: list[Any]) -> None:
     """Register ``module``'s readers with the recorder and wrap gurobipy ``Model.optimize`` and highspy
     ``Highs.run``/``solve`` so that each call sends the solved object to it."""
     send(("register", (name, module)))
+    parking.clear()
 
     def wrap(cls: Any, attr: str) -> None:
         original = getattr(cls, attr, None)
@@ -880,6 +901,7 @@ def _instrument(name: str, module: Any, send: Any) -> None:
                 return original(self, *args, **kwargs)
             finally:
                 send((name, self))
+                parking.clear()  # objects the recorder held are dropped here, outside its frame
 
         setattr(cls, attr, solve)
 
@@ -893,8 +915,8 @@ def _instrument(name: str, module: Any, send: Any) -> None:
 class _SolverHook:
     """A meta-path finder that instruments gurobipy and highspy as they are imported."""
 
-    def __init__(self, send: Any) -> None:
-        self.send = send
+    def __init__(self, send: Any, parking: list[Any]) -> None:
+        self.send, self.parking = send, parking
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name not in ("gurobipy", "highspy"):
@@ -905,11 +927,11 @@ class _SolverHook:
         loader = getattr(spec, "loader", None)
         if spec is None or loader is None or not hasattr(loader, "exec_module"):
             return spec
-        original, send = loader.exec_module, self.send
+        original, send, parking = loader.exec_module, self.send, self.parking
 
         def exec_module(module: Any) -> None:
             original(module)
-            _instrument(name, module, send)
+            _instrument(name, module, send, parking)
 
         loader.exec_module = exec_module
         return spec
@@ -1066,17 +1088,18 @@ def _run_program(cfg: dict[str, Any]) -> None:
     import math  # noqa: F401
 
     guard = _Guard(cfg, counter_fd)
-    recorder = _recorder(cfg["records_fd"], guard.dir, cfg["model_cap"], guard)
+    parking: list[Any] = []
+    recorder = _recorder(cfg["records_fd"], guard.dir, cfg["model_cap"], guard, parking)
     next(recorder)
     guard.shield(recorder)
-    sys.meta_path.insert(0, _SolverHook(recorder.send))
+    sys.meta_path.insert(0, _SolverHook(recorder.send, parking))
     script = os.path.join(cfg["dir"], cfg["script"])
     with open(script, "rb") as fh:
         source = fh.read()
     sys.path.insert(0, cfg["dir"])
     sys.argv = [script]
     sys.addaudithook(guard)
-    del guard, recorder
+    del guard, recorder, parking
     module = types.ModuleType("__main__")
     module.__file__ = script
     module.__builtins__ = __builtins__  # type: ignore[attr-defined]
