@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trex.evaluation.benchmarks.base import Item, parse_truth
 from trex.evaluation.config import EvalConfig
 from trex.evaluation.models import ReferenceModel
 from trex.evaluation.models.openai_model import OpenAIModel
 from trex.evaluation.runner import run_eval
 from trex.llm.client import ChatClient, ChatResult, Usage
+from trex.verify.items import Item, parse_truth
 
 GUROBI = """import json
 import gurobipy as gp

@@ -70,7 +70,7 @@ def make_ordata(out: Path, seed: int, families: list[str], count: int, layout: s
 
 def make_tokenizer(records: list[dict[str, Any]], vocab: int, digit_group: int, path: Path) -> Any:
     """The run's BPE, trained on the SFT texts with numbers cut into groups of ``digit_group`` digits."""
-    from trex.trainer.data.tokenizer import train_bpe
+    from trex.text.tokenizer import train_bpe
 
     tok = train_bpe(["\n".join(m["content"] for m in r["messages"]) for r in records], vocab,
                     digit_group=digit_group)
@@ -139,7 +139,7 @@ def teacher_forced(model: Any, tok: Any, records: list[dict[str, Any]]) -> dict[
     tokens its argmax predicts given the reference prefix (what greedy decoding gets right one step ahead), and
     the share of the answer's numbers (what must be copied from the prompt) whose every token it predicts."""
     import torch
-    from trex.trainer.data.packing import encode_chat
+    from trex.text.chat import encode_chat
 
     digit = torch.tensor([tok.decode([i]).strip().isdigit() for i in range(tok.get_vocab_size())])
     nll, total, right, numbers, numbers_right = 0.0, 0, 0, 0, 0
@@ -178,7 +178,7 @@ def generation_paths(trainer_model: Any, tok: Any, export: Path, records: list[d
     import torch
     from transformers import AutoModelForCausalLM
     from trex.prompt_contract import END, EOS
-    from trex.trainer.data.packing import encode_prompt
+    from trex.text.chat import encode_prompt
     from trex.trainer.rollout.engine import generate
     from trex.trainer.rollout.sampling import SamplingParams
 
@@ -206,7 +206,7 @@ def run_seed(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from trex.evaluation.models.reference import OracleModel
     from trex.evaluation.models.transformers_model import TransformersModel
     from trex.ordata.pipeline import heldout_record
-    from trex.trainer.data.packing import encode_chat
+    from trex.text.chat import encode_chat
     from trex.trainer.data.sources import load_records
 
     work = root / f"seed{seed}"

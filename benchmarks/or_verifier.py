@@ -14,8 +14,8 @@ import argparse
 import asyncio
 import time
 
-from trex.evaluation.benchmarks.base import Item, parse_truth
 from trex.trainer.rl.reward import ORVerifier, machine_workers, outcome_counts
+from trex.verify.items import Item, parse_truth
 
 
 def _answer(i: int, value: int) -> str:

@@ -11,16 +11,17 @@ COPY workloads /src/workloads
 COPY operator /src/operator
 RUN pip wheel --no-deps --wheel-dir /wheels /src
 
-# CANN 8.5.0 <-> torch 2.9.0 + torch_npu 2.9.0 (torch_npu COMPATIBILITY.md, branch v2.9.0-7.3.0).
-FROM quay.io/ascend/cann:8.5.0-910b-ubuntu22.04-py3.11
-ARG TORCH_VERSION=2.9.0
-ARG TORCH_NPU_VERSION=2.9.0
+# CANN 9.2.0 <-> torch 2.13.0 + torch_npu 2.13.0 (TorchNPU 26.2.0 release notes' table, branch v2.13.0-26.2.0):
+# the torch CI runs, whose FSDP2 internals the masters and swap code read.
+FROM quay.io/ascend/cann:9.2.0-910b-ubuntu22.04-py3.11
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_NPU_VERSION=2.13.0
 # Group of the driver's device nodes (/dev/davinci*, root:HwHiAiUser 0660) on the hosts: match the host's gid.
 ARG HWHIAIUSER_GID=1000
 LABEL org.opencontainers.image.title="trex-workload-ascend" \
       org.opencontainers.image.source="https://github.com/trex-dev/trex" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      dev.trex.cann.version="8.5.0" \
+      dev.trex.cann.version="9.2.0" \
       dev.trex.torch.version="${TORCH_VERSION}" \
       dev.trex.torch-npu.version="${TORCH_NPU_VERSION}"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

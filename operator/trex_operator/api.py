@@ -260,7 +260,7 @@ class TrainJobSpec(CommonSpec):
     data_from: JobRef | None = None
     """Train on the output of this ORDataJob (sets trainer.data.train)."""
     kernels_from: JobRef | None = None
-    """Use the tuned kernels of this KernelTuneJob."""
+    """Use the tuned kernels of this KernelTuneJob (sets trainer.kernels.registry to the registry it mounts)."""
     model_from: CheckpointRef | None = None
     """Start from this TrainJob's Hugging Face export (its final one, or step's with its exportHfEvery): sets
     trainer.checkpoint.initFromHf and, when unset, trainer.data.tokenizer.path to its tokenizer (SFT, then GRPO)."""
@@ -296,6 +296,9 @@ class TrainJobSpec(CommonSpec):
         if self.model_from is not None and self.trainer.checkpoint.init_from_hf is not None:
             raise ValueError("trainer.checkpoint.initFromHf: modelFrom sets it to the referenced TrainJob's export; "
                              "set one of the two")
+        if self.kernels_from is not None and self.trainer.kernels.registry is not None:
+            raise ValueError("trainer.kernels.registry: kernelsFrom sets it to the referenced KernelTuneJob's "
+                             "registry; set one of the two")
         if self.trainer.model.dtype == "fp64" and self.device_type != "cpu":
             raise ValueError(f"trainer.model.dtype: fp64 is for CPU reference runs; deviceType {self.device_type!r} "
                              "trains in fp32 or bf16")
@@ -420,6 +423,67 @@ class LineageEntry(TrexModel):
     """What was taken (output path, checkpoint step, kernel registry)."""
 
 
+class Progress(TrexModel):
+    """Live progress (status.progress): a TrainJob's counters scraped from rank 0's metrics, the progress ratio
+    of the other pod kinds, an ORDataJob's shard counts. Only the fields a job has reached are written."""
+
+    step: int | None = None
+    """Optimizer steps done (TrainJob)."""
+    max_steps: int | None = None
+    """Steps the run takes (TrainJob)."""
+    loss: float | None = None
+    """Latest training loss (TrainJob)."""
+    mfu: float | None = None
+    """Model FLOPs utilisation, 0..1 (TrainJob)."""
+    tokens_per_second: float | None = None
+    """Training throughput (TrainJob)."""
+    last_checkpoint_step: int | None = None
+    """Step of the last checkpoint written (TrainJob)."""
+    resume_step: int | None = None
+    """Checkpoint step a restarted attempt resumes from (TrainJob)."""
+    ratio: float | None = None
+    """Fraction done, 0..1 (EvalJob, KernelTuneJob)."""
+    shards_done: int | None = None
+    """Shards generated (ORDataJob)."""
+    shards: int | None = None
+    """Shards to generate (ORDataJob)."""
+    percent: str | None = None
+    """Percent done, e.g. 42.0%."""
+    updated_at: str | None = None
+    """When progress was last scraped (RFC 3339)."""
+    step_changed_at: str | None = None
+    """When the step last advanced (RFC 3339; the stall check reads it)."""
+
+
+class BenchmarkResult(TrexModel):
+    """One benchmark's result from its eval pod (further keys of the pod's summary are kept)."""
+
+    model_config = ConfigDict(strict=False, extra="allow")
+
+    pass_at1: float | None = Field(default=None, alias="passAt1")
+    """Pass@1 on the benchmark, 0..1 (None when no sample was scored)."""
+    samples: int | None = None
+    """Samples scored."""
+    structural_accuracy: float | None = None
+    """Share of the samples whose model structure matched the reference."""
+
+
+class Results(TrexModel):
+    """Final results (status.results) from the pods' termination messages: typed where the operator reads or
+    prints them; every other key of the summaries is kept as the workload wrote it."""
+
+    model_config = ConfigDict(strict=False, extra="allow")
+
+    pass_at1: float | None = Field(default=None, alias="passAt1")
+    """Mean Pass@1 over the benchmarks (EvalJob)."""
+    benchmarks: dict[str, BenchmarkResult] | None = None
+    """Result per benchmark (EvalJob)."""
+    accepted: int | None = None
+    """Samples accepted (ORDataJob)."""
+    speedup: str | None = None
+    """Geomean speedups over eager and over torch.compile, as text (KernelTuneJob)."""
+
+
 class JobStatus(TrexModel):
     """Observed state, written only by the operator."""
 
@@ -443,9 +507,9 @@ class JobStatus(TrexModel):
     """When the job started running (RFC 3339)."""
     completion_time: str | None = None
     """When the job finished (RFC 3339)."""
-    progress: dict[str, Any] = Field(default_factory=dict)
-    """Live progress scraped from rank 0 (step, maxSteps, loss, mfu, tokensPerSecond, percent, ...)."""
-    results: dict[str, Any] = Field(default_factory=dict)
+    progress: Progress = Field(default_factory=Progress)
+    """Live progress (step, maxSteps, loss, mfu, tokensPerSecond, percent, ...)."""
+    results: Results = Field(default_factory=Results)
     """Final results from the pods' termination messages."""
     lineage: list[LineageEntry] = Field(default_factory=list)
     """Jobs this job took inputs from."""

@@ -117,13 +117,7 @@ def _add_cel(model: type[Any], root: dict[str, Any], defs: dict[str, Any]) -> No
 
 
 def _status_schema() -> dict[str, Any]:
-    schema = model_schema(JobStatus)
-    for free in ("progress", "results"):
-        schema["properties"][free] = {
-            "type": "object", "x-kubernetes-preserve-unknown-fields": True,
-            "description": schema["properties"][free].get("description", ""),
-        }
-    return schema
+    return model_schema(JobStatus)
 
 
 def build_crd(kind: str) -> dict[str, Any]:

@@ -378,6 +378,6 @@ def _gang_failure(ctx: Ctx, impl: KindImpl, cur: list[Manifest], failed: list[tu
     ctx.plan.restart_causes.append(cause)
     resume = f"; resuming from checkpoint step {step}" if step is not None else ""
     if step is not None:
-        st.progress = {**st.progress, "resumeStep": step}
+        st.progress = st.progress.model_copy(update={"resume_step": step})
     ctx.move("Restarting", "GangRestart",
              f"pod {name} failed ({cause}: {state.message}); restarting all pods as attempt {st.attempt}{resume}")

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trex_operator import ranktable
+from trex_operator.api import Progress, Results
 from trex_operator.children import (
     CONFIG_DIR,
     KERNELS_DIR,
@@ -162,8 +163,13 @@ def _summary_results(states: list[PodState]) -> dict[str, Any]:
     return out
 
 
-def _scalar_progress(st_progress: dict[str, Any]) -> dict[str, Any]:
-    return {**st_progress, "percent": "100.0%"}
+def _scalar_progress(progress: Progress) -> Progress:
+    return progress.model_copy(update={"percent": "100.0%"})
+
+
+def results_of(values: Mapping[str, Any]) -> Results:
+    """status.results from the camelCase mapping the pods' summaries give (typed fields validated)."""
+    return Results.model_validate(values, by_alias=True, by_name=False)
 
 
 class _PodKind:
@@ -255,7 +261,8 @@ class TrainImpl(_PodKind):
 
     def trainer_config(self, ctx: Ctx) -> dict[str, Any]:
         """The rendered TrainerConfig: data from the referenced ORDataJob, initial weights (and tokenizer) from the
-        referenced TrainJob's Hugging Face export, checkpoints on the volume."""
+        referenced TrainJob's Hugging Face export, the tuned-kernel registry the referenced KernelTuneJob's
+        ConfigMap mounts, checkpoints on the volume."""
         spec = ctx.model.spec
         cfg: dict[str, Any] = spec.trainer.model_dump(mode="json", by_alias=True)
         if spec.data_from is not None:
@@ -273,6 +280,11 @@ class TrainImpl(_PodKind):
                 for entry in ctx.status.lineage:
                     if entry.kind == "TrainJob" and entry.name == t["name"]:
                         entry.detail = f"distillation teacher {t['path']}"
+        if spec.kernels_from is not None:
+            cfg["kernels"]["registry"] = f"{KERNELS_DIR}/kernels.json"
+            for entry in ctx.status.lineage:
+                if entry.kind == "KernelTuneJob":
+                    entry.detail = f"kernel registry {cfg['kernels']['registry']}"
         path = hf_export_path(ctx, spec.model_from)
         if path is not None:
             cfg["checkpoint"]["initFromHf"] = path
@@ -341,8 +353,6 @@ class TrainImpl(_PodKind):
                 env["RANK_TABLE_FILE"] = ctx.observed.defaults.rank_table_file
                 env.update(ranktable.pod_env(self._layout(ctx), i, ctx.observed.defaults.hccl_connect_timeout_s,
                                              spec.trainer.deterministic))
-            if spec.kernels_from is not None:
-                env["TREX_KERNELS_FILE"] = f"{KERNELS_DIR}/kernels.json"
             out.append(pod(job, spec, name=f"{job.name}-worker-{i}-a{attempt}", role="worker", attempt=attempt,
                            command=[*LAUNCHER, "trex", "train", "--config", f"{CONFIG_DIR}/trainer.yaml"],
                            env=env, devices=nproc if spec.device_type != "cpu" else 0, index=i,
@@ -359,14 +369,14 @@ class TrainImpl(_PodKind):
             # a node's NPU NIC has no address: HCCL cannot connect, and no restart changes the annotation
             finish(ctx, self, "Failed", "DeviceIPMissing", missing_ip.message or "a device has no IP")
             return
-        states = run_gang(ctx, self, self.pods(ctx), st.progress.get("resumeStep"))
+        states = run_gang(ctx, self, self.pods(ctx), st.progress.resume_step)
         if states is None:
             return
         if ctx.observed.metrics:
             st.progress = train_progress(ctx.observed.metrics, st.progress, ctx.now)
         if all(s.phase == "Succeeded" for s in states.values()):
             rank0 = [classify_pod(p) for p in current_pods(ctx) if pod_index(p) == 0]
-            st.results = _summary_results(rank0 + list(states.values()))
+            st.results = results_of(_summary_results(rank0 + list(states.values())))
             st.progress = _scalar_progress(st.progress)
             finish(ctx, self, "Succeeded", "Completed", f"all {len(states)} pod(s) succeeded")
             return
@@ -376,7 +386,7 @@ class TrainImpl(_PodKind):
             stall = ctx.model.spec.run_policy.stall_seconds
             if stalled(st.progress, stall, ctx.now):
                 set_condition(st, "Stalled", "True", "NoProgress",
-                              f"step {st.progress.get('step')} has not advanced for {stall}s", ctx.now, ctx.generation)
+                              f"step {st.progress.step} has not advanced for {stall}s", ctx.now, ctx.generation)
             elif any(c.type == "Stalled" and c.status == "True" for c in st.conditions):
                 set_condition(st, "Stalled", "False", "Progressing", "the step advances again", ctx.now,
                               ctx.generation)
@@ -465,12 +475,13 @@ class KernelTuneImpl(_PodKind):
                 k = s.summary.get("kernels")
                 if isinstance(k, dict):
                     kernels.update(k)
-            st.results = {"backend": ctx.model.spec.kernels.backend, "kernels": kernels,
-                          "kernelsConfigMap": kernels_config_map_name(ctx.job.name)}
+            results: dict[str, Any] = {"backend": ctx.model.spec.kernels.backend, "kernels": kernels,
+                                       "kernelsConfigMap": kernels_config_map_name(ctx.job.name)}
             devices = {s.summary.get("device") for s in states.values()} - {None}
             if len(devices) == 1:
-                st.results["device"] = devices.pop()
-            st.results.update(speedup_results([s.summary for s in states.values()], kernels))
+                results["device"] = devices.pop()
+            results.update(speedup_results([s.summary for s in states.values()], kernels))
+            st.results = results_of(results)
             st.progress = _scalar_progress(st.progress)
             finish(ctx, self, "Succeeded", "Completed", f"tuned {len(kernels)} kernel(s)")
             return
@@ -479,9 +490,10 @@ class KernelTuneImpl(_PodKind):
 
     def finished(self, ctx: Ctx) -> None:
         if ctx.status.phase == "Succeeded":
+            results = ctx.status.results.model_dump(mode="json", by_alias=True, exclude_unset=True)
             ctx.plan.ensure.append(config_map(ctx.job, kernels_config_map_name(ctx.job.name),
-                                              {"kernels.json": to_json(registry_doc(ctx.status.results)),
-                                               "results.json": to_json(ctx.status.results)}))
+                                              {"kernels.json": to_json(registry_doc(results)),
+                                               "results.json": to_json(results)}))
 
 
 # ---- EvalJob -----------------------------------------------------------------------------------
@@ -617,9 +629,9 @@ class EvalImpl(_PodKind):
         if ctx.observed.metrics:
             st.progress = ratio_progress(ctx.observed.metrics, EVAL_RATIO, st.progress, ctx.now)
         if all(s.phase == "Succeeded" for s in states.values()):
-            st.results = eval_results(list(states.values()))
+            st.results = results_of(eval_results(list(states.values())))
             st.progress = _scalar_progress(st.progress)
-            finish(ctx, self, "Succeeded", "Completed", f"evaluated {len(st.results.get('benchmarks', {}))} benchmark(s)")
+            finish(ctx, self, "Succeeded", "Completed", f"evaluated {len(st.results.benchmarks or {})} benchmark(s)")
             return
         if all(s.phase in ("Running", "Succeeded") for s in states.values()) and st.phase != "Running":
             ctx.move("Running", "AllPodsRunning", "evaluating")
@@ -728,8 +740,9 @@ class ORDataImpl:
             finish(ctx, self, "Failed", "ShardsFailed", f"shard generation failed (failed indexes: {failed})")
             return
         if not (_job_condition(gen, "Complete") or done >= shards):
-            st.progress = {**st.progress, "shardsDone": done, "shards": shards,
-                           "percent": f"{90.0 * done / shards:.1f}%", "updatedAt": iso(ctx.now)}
+            st.progress = st.progress.model_copy(update={
+                "shards_done": done, "shards": shards, "percent": f"{90.0 * done / shards:.1f}%",
+                "updated_at": iso(ctx.now)})
             if (gstatus.get("active") or 0) > 0 and st.phase != "Running":
                 ctx.move("Running", "Generating", f"{shards} shard(s), parallelism {min(spec.parallelism, shards)}")
             return
@@ -737,8 +750,8 @@ class ORDataImpl:
         if merge is None:
             ctx.plan.ensure.append(self.batch_job(ctx, merge_name, "merge",
                                                   ["trex", "ordata", "merge", self.output(ctx)], 1))
-            st.progress = {**st.progress, "shardsDone": shards, "shards": shards, "percent": "90.0%",
-                           "updatedAt": iso(ctx.now)}
+            st.progress = st.progress.model_copy(update={"shards_done": shards, "shards": shards, "percent": "90.0%",
+                                                         "updated_at": iso(ctx.now)})
             if st.phase != "Running":
                 ctx.move("Running", "Merging", "all shards generated; merging")
             return
@@ -748,9 +761,9 @@ class ORDataImpl:
         if _job_condition(merge, "Complete") or ((merge.get("status") or {}).get("succeeded") or 0) >= 1:
             merge_pods = [classify_pod(p) for p in ctx.observed.pods
                           if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) == "merge"]
-            st.results = ordata_results([s for s in merge_pods if s.phase == "Succeeded"] or merge_pods)
+            st.results = results_of(ordata_results([s for s in merge_pods if s.phase == "Succeeded"] or merge_pods))
             st.progress = _scalar_progress(st.progress)
-            finish(ctx, self, "Succeeded", "Completed", f"{st.results.get('accepted', 0)} sample(s) accepted")
+            finish(ctx, self, "Succeeded", "Completed", f"{st.results.accepted or 0} sample(s) accepted")
 
     def workers(self, ctx: Ctx, running_only: bool) -> list[ChildRef]:
         out = []

@@ -184,8 +184,12 @@ def load_status(raw: Any) -> JobStatus:
 
 
 def dump_status(status: JobStatus) -> dict[str, Any]:
-    """Status as camelCase JSON (None values kept so a merge patch clears them)."""
-    return status.model_dump(mode="json", by_alias=True)
+    """Status as camelCase JSON (None values kept so a merge patch clears them; progress and results carry only
+    the fields a job has reached, as the workloads' summaries gave them)."""
+    out = status.model_dump(mode="json", by_alias=True)
+    for name in ("progress", "results"):
+        out[name] = getattr(status, name).model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return out
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 from trex.telemetry.metrics import spec
 
+from trex_operator.api import Progress
 from trex_operator.lifecycle import iso, parse_time
 
 TRAIN_KEYS: dict[str, str] = {
@@ -64,32 +65,35 @@ def _num(value: float) -> int | float:
     return int(value) if float(value).is_integer() else round(float(value), 6)
 
 
-def train_progress(metrics: dict[str, float], previous: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+def _progress(values: dict[str, Any]) -> Progress:
+    return Progress.model_validate(values, by_alias=True, by_name=False)
+
+
+def train_progress(metrics: dict[str, float], previous: Progress, now: dt.datetime) -> Progress:
     """status.progress of a TrainJob from scraped samples; stepChangedAt records when the step last advanced."""
-    out = dict(previous)
+    before = previous.model_dump(by_alias=True, exclude_unset=True)
+    out = dict(before)
     for key, name in TRAIN_KEYS.items():
         if name in metrics:
             out[key] = _num(metrics[name])
     out["updatedAt"] = iso(now)
-    if "step" in out and (previous.get("step") != out["step"] or "stepChangedAt" not in previous):
+    if "step" in out and (before.get("step") != out["step"] or "stepChangedAt" not in before):
         out["stepChangedAt"] = iso(now)
     step, max_steps = out.get("step"), out.get("maxSteps")
     if isinstance(step, int | float) and isinstance(max_steps, int | float) and max_steps > 0:
         out["percent"] = f"{min(100.0, 100.0 * step / max_steps):.1f}%"
-    return out
+    return _progress(out)
 
 
-def ratio_progress(metrics: dict[str, float], name: str, previous: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+def ratio_progress(metrics: dict[str, float], name: str, previous: Progress, now: dt.datetime) -> Progress:
     """status.progress from a 0..1 progress-ratio gauge."""
-    out = dict(previous)
-    if name in metrics:
-        out["ratio"] = round(min(1.0, max(0.0, metrics[name])), 4)
-        out["percent"] = f"{100.0 * out['ratio']:.1f}%"
-        out["updatedAt"] = iso(now)
-    return out
+    if name not in metrics:
+        return previous
+    ratio = round(min(1.0, max(0.0, metrics[name])), 4)
+    return previous.model_copy(update={"ratio": ratio, "percent": f"{100.0 * ratio:.1f}%", "updated_at": iso(now)})
 
 
-def stalled(progress: dict[str, Any], stall_seconds: int, now: dt.datetime) -> bool:
+def stalled(progress: Progress, stall_seconds: int, now: dt.datetime) -> bool:
     """True when the step has not advanced for ``stall_seconds``."""
-    since = parse_time(progress.get("stepChangedAt"))
+    since = parse_time(progress.step_changed_at)
     return since is not None and (now - since).total_seconds() >= stall_seconds

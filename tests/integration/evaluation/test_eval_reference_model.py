@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from trex.evaluation.benchmarks import load_benchmark
-from trex.evaluation.benchmarks.bench4opt import reference_truth
 from trex.evaluation.config import EvalConfig
 from trex.evaluation.models import ReferenceModel
 from trex.evaluation.runner import SAMPLES, read_samples, run_eval
+from trex.verify.formats.bench4opt import reference_truth
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "benchmarks"
 

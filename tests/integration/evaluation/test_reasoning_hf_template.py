@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from trex.evaluation.models.transformers_model import TransformersModel, render_chat  # noqa: E402
 from trex.reasoning import answer_of, render_text, template_mode, with_mode_prompt  # noqa: E402
-from trex.trainer.data.packing import encode_chat  # noqa: E402
-from trex.trainer.data.tokenizer import train_bpe  # noqa: E402
+from trex.text.chat import encode_chat  # noqa: E402
+from trex.text.tokenizer import train_bpe  # noqa: E402
 from trex.trainer.export import save_tokenizer  # noqa: E402
 
 MAX = "Reason with care.\n\n"
@@ -56,7 +56,7 @@ def test_local_model_renders_the_mode_and_keeps_to_its_context(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from trex.evaluation.models import transformers_model
-    from trex.trainer.data.packing import encode_prompt
+    from trex.text.chat import encode_prompt
 
     raw = train_bpe(["maximise objective bounded double python print " * 30], 320, reasoning=True)
     save_tokenizer(raw, tmp_path, 512)

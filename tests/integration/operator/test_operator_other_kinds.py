@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from kubelet import Kubelet
 from operator_env import OperatorEnv, names
 
@@ -45,6 +46,11 @@ async def test_kernels_then_train_with_reference(env: OperatorEnv) -> None:
     assert [(e["kind"], e["name"]) for e in job["status"]["lineage"]] == [("KernelTuneJob", "kt")]
     vols = {v["name"]: v for v in env.pods("tj")[0]["spec"]["volumes"]}
     assert vols["trex-kernels"]["configMap"]["name"] == "kt-kernels"
+    mounts = {m["name"]: m["mountPath"] for m in env.pods("tj")[0]["spec"]["containers"][0]["volumeMounts"]}
+    rendered = next(c for c in env.objects("v1/configmaps") if c["metadata"]["name"] == "tj-config")
+    # the trainer loads the kernels.json key of kt-kernels through its rendered config
+    assert yaml.safe_load(rendered["data"]["trainer.yaml"])["trainer"]["kernels"]["registry"] == (
+        f"{mounts['trex-kernels']}/kernels.json")
 
 
 async def _reason(env: OperatorEnv, kind: str, name: str, reason: str) -> bool:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 from trex.config_base import load_section
-from trex.evaluation.benchmarks.base import Item
-from trex.evaluation.extract import extract_code
 from trex.prompt_contract import training_messages
 from trex.sandbox import Limits, run_python_async
 from trex.trainer.config import TrainerConfig
 from trex.trainer.export import export_hf
 from trex.trainer.loop import Trainer
 from trex.trainer.rl.reward import Reward
+from trex.verify.extract import extract_code
+from trex.verify.items import Item
 
 NUMBERS = (7,)
 SFT_STEPS, GRPO_STEPS = 60, 30

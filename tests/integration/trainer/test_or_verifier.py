@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from trex.evaluation.benchmarks.base import Item, parse_truth
 from trex.trainer.rl.reward import ORVerifier, RewardWeights, machine_workers, outcome_counts
+from trex.verify.items import Item, parse_truth
 
 
 def fence(code: str) -> str:

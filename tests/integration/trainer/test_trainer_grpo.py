@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from trex.config_base import load_section
-from trex.evaluation.benchmarks.base import Item
 from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
 from trex.trainer.rl.reward import Reward
+from trex.verify.items import Item
 
 STEPS = 3
 

@@ -25,7 +25,7 @@ def _sft_corpus(path: Path, n: int = 40) -> None:
 def test_export_loads_in_transformers_and_matches(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trex.evaluation.models.checkpoint import find_hf_export
-    from trex.trainer.data.packing import encode_chat
+    from trex.text.chat import encode_chat
     from trex.trainer.hf import load_hf
 
     data = tmp_path / "sft.jsonl"

@@ -14,8 +14,11 @@ REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "images" / "workload-ascend.Dockerfile"
 ENTRYPOINT = REPO / "images" / "workload-ascend-entrypoint.sh"
 
-# torch_npu's COMPATIBILITY.md: (torch_npu package, torch) -> the CANN release that build targets.
+# torch_npu's COMPATIBILITY.md and TorchNPU release notes: (torch_npu package, torch) -> the CANN release that
+# build targets.
 TORCH_NPU_MATRIX = {
+    ("2.13.0", "2.13.0"): "9.2.0", ("2.12.0.post3", "2.12.0"): "9.2.0", ("2.12.0", "2.12.0"): "9.1.0",
+    ("2.11.0", "2.11.0"): "9.1.0", ("2.10.0", "2.10.0"): "9.0.0",
     ("2.9.0", "2.9.0"): "8.5.0", ("2.8.0.post2", "2.8.0"): "8.5.0", ("2.7.1.post2", "2.7.1"): "8.5.0",
     ("2.6.0.post5", "2.6.0"): "8.5.0", ("2.8.0", "2.8.0"): "8.3.RC1", ("2.7.1", "2.7.1"): "8.3.RC1",
     ("2.6.0.post3", "2.6.0"): "8.3.RC1", ("2.6.0", "2.6.0"): "8.2.RC1", ("2.5.1", "2.5.1"): "8.1.RC1",

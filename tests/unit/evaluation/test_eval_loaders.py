@@ -10,7 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from trex.evaluation.benchmarks import detect_format, load_benchmark, parse_truth
+from trex.evaluation.benchmarks import detect_format, load_benchmark
+from trex.verify.items import parse_truth
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "benchmarks"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/benchmarks not present")

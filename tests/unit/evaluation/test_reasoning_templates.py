@@ -25,9 +25,9 @@ from trex.reasoning import (
     render_text,
     render_tool_calls,
 )
+from trex.text.chat import encode_chat, encode_prompt
+from trex.text.tokenizer import train_bpe
 from trex.trainer.config import DataConfig
-from trex.trainer.data.packing import encode_chat, encode_prompt
-from trex.trainer.data.tokenizer import train_bpe
 
 MAX = "THINK HARD.\n\n"
 CHAT = [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},

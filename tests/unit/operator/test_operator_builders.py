@@ -165,7 +165,12 @@ def test_trainer_config_round_trips_and_takes_data_from_reference() -> None:
     mounts = {m["name"]: m for m in worker["spec"]["containers"][0]["volumeMounts"]}
     assert vols["ref-0"]["persistentVolumeClaim"] == {"claimName": "p", "readOnly": True}
     assert mounts["ref-0"] == {"name": "ref-0", "mountPath": "/refs/corpus", "readOnly": True}
-    assert cfg.model_dump(exclude={"data", "checkpoint"}) == expected.model_dump(exclude={"data", "checkpoint"})
+    # kernelsFrom: the registry the KernelTuneJob's ConfigMap (key kernels.json) mounts, named in the config
+    assert vols["trex-kernels"]["configMap"]["name"] == "kern-kernels"
+    assert cfg.kernels.registry == f"{mounts['trex-kernels']['mountPath']}/kernels.json"
+    assert not [e for e in worker["spec"]["containers"][0]["env"] if "KERNELS" in e["name"]]
+    excluded = {"data", "checkpoint", "kernels"}
+    assert cfg.model_dump(exclude=excluded) == expected.model_dump(exclude=excluded)
     lineage = {(e["kind"], e["name"]) for e in plan.status["lineage"]}
     assert lineage == {("ORDataJob", "corpus"), ("KernelTuneJob", "kern")}
 
@@ -203,6 +208,13 @@ def test_trainjob_model_from_and_init_from_hf_conflict() -> None:
 
     with pytest.raises(ValueError, match=r"trainer\.checkpoint\.initFromHf: modelFrom sets it"):
         TrainJobSpec.model_validate({"modelFrom": {"name": "sft"}, "trainer": {"checkpoint": {"initFromHf": "/w"}}})
+
+
+def test_trainjob_kernels_from_and_registry_conflict() -> None:
+    from trex_operator.api import TrainJobSpec
+
+    with pytest.raises(ValueError, match=r"trainer\.kernels\.registry: kernelsFrom sets it"):
+        TrainJobSpec.model_validate({"kernelsFrom": {"name": "kt"}, "trainer": {"kernels": {"registry": "/k.json"}}})
 
 
 def test_ordata_jobs() -> None:

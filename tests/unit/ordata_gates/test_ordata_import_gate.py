@@ -9,7 +9,8 @@ import types
 from collections.abc import Iterator
 
 import pytest
-from trex.ordata.gates import ALLOWED_MODULES, import_gate
+from trex.ordata.gates import import_gate
+from trex.verify.imports import ALLOWED_MODULES
 
 TARGETS = ("os", "sys", "subprocess", "ctypes", "posix", "io")
 

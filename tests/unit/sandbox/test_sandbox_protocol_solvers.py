@@ -7,8 +7,8 @@ import math
 import textwrap
 
 import pytest
-from trex.evaluation.orgeval import solve_lp_text
 from trex.sandbox import Limits, format_protocol, parse_protocol, run_python
+from trex.verify.orgeval import solve_lp_text
 
 
 def test_last_protocol_line_wins() -> None:

@@ -11,14 +11,14 @@ import itertools
 import json
 
 import pytest
-from trex.evaluation.benchmarks.base import Item, parse_truth
-from trex.evaluation.protocols import get_protocol
-from trex.evaluation.runner import run_program
-from trex.evaluation.scoring import classify
 from trex.ordata import gates
 from trex.ordata.ir import Constraint, Instance, Objective, Variable
 from trex.sandbox import Limits, run_python
 from trex.trainer.rl.reward import ORVerifier, RewardWeights
+from trex.verify.items import Item, parse_truth
+from trex.verify.program import run_program
+from trex.verify.protocols import get_protocol
+from trex.verify.scoring import classify
 
 pytestmark = pytest.mark.skipif(run_python("print(1)").mode != "kernel-fs", reason="needs bubblewrap")
 

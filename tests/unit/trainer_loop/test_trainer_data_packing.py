@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trex.text.chat import EncodedDoc, encode_chat
+from trex.text.tokenizer import train_bpe
 from trex.trainer.config import DataConfig
 from trex.trainer.data.build import build_data
 from trex.trainer.data.loader import PackedLoader
-from trex.trainer.data.packing import IGNORE, EncodedDoc, concat, encode_chat, window
+from trex.trainer.data.packing import IGNORE, concat, window
 from trex.trainer.data.sources import DataError, demo_corpus, load_records
-from trex.trainer.data.tokenizer import train_bpe
 
 
 def _naive(docs: list[list[int]], masks: list[list[int]], start: int, t: int) -> dict[str, list[int]]:

@@ -15,8 +15,8 @@ from trex.config_base import format_validation_error, load_section
 from trex.trainer.config import TrainerConfig, job_problems
 from trex.trainer.mfu import DEVICES, GIB
 from trex.trainer.plan import plan_memory, with_swap
-from trex.trainer.plan_cli import main as plan_main
 from trex_operator.api import TrainJob, memory_bytes
+from trex_operator.plan_cli import main as plan_main
 
 REPO = Path(__file__).resolve().parents[3]
 

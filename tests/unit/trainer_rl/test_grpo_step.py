@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from trex.evaluation.benchmarks.base import Item, Truth
 from trex.prompt_contract import training_messages
+from trex.text.chat import encode_chat
+from trex.text.tokenizer import load_or_train
 from trex.trainer.config import TrainerConfig, job_problems
-from trex.trainer.data.packing import encode_chat
 from trex.trainer.data.sources import DataError
-from trex.trainer.data.tokenizer import load_or_train
 from trex.trainer.rl.grpo import token_logprobs
 from trex.trainer.rl.prompts import PromptOrder, load_items, prompt_tokens
 from trex.trainer.rl.step import GRPORun, pack, response_text, stop_tokens_of
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
+from trex.verify.items import Item, Truth
 
 QUESTIONS = [f"Maximize {k}x subject to x <= {k + 2} and x >= 0." for k in range(6)]
 

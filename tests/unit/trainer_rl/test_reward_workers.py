@@ -7,10 +7,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from trex.evaluation import runner
-from trex.evaluation.benchmarks.base import Item, parse_truth
-from trex.evaluation.scoring import Execution
 from trex.trainer.rl.reward import ORVerifier, RewardWeights, machine_workers
+from trex.verify import program
+from trex.verify.items import Item, parse_truth
+from trex.verify.scoring import Execution
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -26,7 +26,7 @@ def test_runs_at_most_workers_programs_at_once(monkeypatch: pytest.MonkeyPatch, 
         value = float(code.split()[-1])
         return Execution(0, False, "", {"status": "optimal", "objective": value, "values": {}}), {}, None
 
-    monkeypatch.setattr(runner, "run_program", fake_run)
+    monkeypatch.setattr(program, "run_program", fake_run)
     items = [Item(str(i), "q", parse_truth(str(i % 4))) for i in range(12)]
     texts = [f"```python\nx = {i % 3}\n```" for i in range(12)]
     rewards = asyncio.run(ORVerifier(RewardWeights(0.0, 0.0, 1.0), workers=workers).score(texts, items))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from trex.evaluation.benchmarks.base import Item
 from trex.prompt_contract import CONTRACT_VERSION, DEFAULT_SET, PROTOCOL_PROMPT_SETS, prompt_messages
+from trex.verify.items import Item
 
 PROMPT_VERSION = CONTRACT_VERSION
 

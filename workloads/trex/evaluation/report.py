@@ -20,8 +20,8 @@ from trex.evaluation.runner import (
     sample_key,
     write_json_atomic,
 )
-from trex.evaluation.scoring import CATEGORIES
 from trex.fsio import atomic_write_bytes
+from trex.verify.scoring import CATEGORIES
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:

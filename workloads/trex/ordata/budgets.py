@@ -48,8 +48,8 @@ def _estimate(cfg_json: str, vocab_size: int, tokenizer_path: str | None, sample
     from tokenizers import Tokenizer
 
     from trex.ordata.pipeline import draft_sample, plan_instance, reference_answer, sft_record
-    from trex.trainer.data.packing import encode_chat
-    from trex.trainer.data.tokenizer import train_bpe
+    from trex.text.chat import encode_chat
+    from trex.text.tokenizer import train_bpe
 
     cfg = ORDataConfig.model_validate_json(cfg_json)
     drafts = [d for i in range(min(sampled, cfg.count)) if (d := draft_sample(cfg, plan_instance(cfg, i))) is not None]

@@ -15,16 +15,17 @@ import ast
 import math
 import re
 import textwrap
-import types
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trex.verify.imports import called_name, import_problem
+
 if TYPE_CHECKING:
-    from trex.evaluation.orgeval import LinearModel
     from trex.ordata.config import EndpointConfig
     from trex.ordata.ir import Instance
+    from trex.verify.orgeval import LinearModel
 
 ACCEPTED = "accepted"
 
@@ -118,58 +119,8 @@ class Cleaner:
 
 
 # --- AST contract -----------------------------------------------------------------------------------
-# Modules a program may import or reach, per solver family: names, not packages (``numpy.ctypeslib`` or
-# ``fractions.sys`` are not in it). ``None`` (the family is not known) allows both families.
-COMMON_MODULES = frozenset({
-    "math", "cmath", "itertools", "json", "collections", "collections.abc", "functools", "fractions", "decimal",
-    "statistics", "typing", "dataclasses", "operator", "heapq", "bisect", "random", "string", "enum", "copy",
-    "__future__",
-})
-_NUMPY = frozenset({"numpy", "numpy.linalg", "numpy.random"})
-ALLOWED_MODULES: dict[str | None, frozenset[str]] = {
-    "gurobipy": COMMON_MODULES | _NUMPY | {"gurobipy", "gurobipy.nlfunc"},
-    "highspy": COMMON_MODULES | _NUMPY | {"highspy"},
-}
-ALLOWED_MODULES[None] = ALLOWED_MODULES["gurobipy"] | ALLOWED_MODULES["highspy"]
-ALLOWED_IMPORTS = frozenset(m.split(".")[0] for m in ALLOWED_MODULES[None])
-FORBIDDEN_NAMES = frozenset({
-    "open", "exec", "eval", "compile", "__import__", "input", "breakpoint", "globals", "locals", "vars",
-    "getattr", "setattr", "delattr", "memoryview", "help", "__builtins__", "__loader__", "__spec__",
-})
-# Method names that read or write files, start processes or touch the network, whatever the receiver.
-FORBIDDEN_METHODS = frozenset({
-    "system", "popen", "Popen", "spawn", "urlopen", "connect", "load", "loads_file", "save", "savez",
-    "savez_compressed", "savetxt", "loadtxt", "genfromtxt", "fromfile", "tofile", "memmap", "dump", "write",
-    "read", "writeModel", "readModel", "writeSolution", "readSolution", "writeBasis", "readBasis", "writeInfo",
-    "writeOptions", "readOptions", "writeParams", "readParams", "setLogFile", "import_module", "get_field",
-})
-# Names of allowed modules that reach attributes by string, evaluate text or open files.
-FORBIDDEN_MODULE_NAMES: dict[str, frozenset[str]] = {
-    "operator": frozenset({"attrgetter", "methodcaller"}),
-    "string": frozenset({"Formatter"}),
-    "typing": frozenset({"get_type_hints", "ForwardRef"}),
-    "numpy": frozenset({"fromregex", "DataSource", "info", "show_config", "show_runtime", "get_include"}),
-}
-# Where an object may not come from, whatever allowed name re-exports it.
-FORBIDDEN_ORIGINS = frozenset({
-    "os", "posix", "nt", "posixpath", "ntpath", "sys", "subprocess", "_posixsubprocess", "ctypes", "_ctypes", "io",
-    "_io", "shutil", "socket", "_socket", "importlib", "pathlib", "tempfile", "pty", "signal", "_signal", "gc",
-    "inspect", "builtins",
-})
-ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__doc__"})
 SOLVER_METHODS = frozenset({"optimize", "run", "minimize", "maximize"})
 PROTOCOL_MARK = "TREX_RESULT"
-_MISSING = object()
-
-
-def _called_name(call: ast.Call) -> tuple[str | None, str | None]:
-    """(plain function name, method name) of a call."""
-    f = call.func
-    if isinstance(f, ast.Name):
-        return f.id, None
-    if isinstance(f, ast.Attribute):
-        return None, f.attr
-    return None, None
 
 
 def _mentions_protocol(node: ast.AST) -> bool:
@@ -177,134 +128,10 @@ def _mentions_protocol(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
-def _module(name: str) -> Any:
-    """The module ``name`` imported here (in the trusted parent), or None when it cannot be."""
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except Exception:
-        return None
-
-
-def _attribute(owner: Any, owner_name: str, attr: str) -> Any:
-    """``owner.attr`` as the program would see it, a submodule included; :data:`_MISSING` when absent."""
-    try:
-        return getattr(owner, attr)
-    except Exception:
-        pass
-    if isinstance(owner, types.ModuleType):
-        sub = _module(f"{owner_name}.{attr}")
-        if sub is not None:
-            return sub
-    return _MISSING
-
-
-def _dangerous(obj: Any) -> bool:
-    """A builtin the contract forbids by name, or an object defined by a module of :data:`FORBIDDEN_ORIGINS`."""
-    import builtins
-
-    if any(obj is getattr(builtins, n, None) for n in FORBIDDEN_NAMES if not n.startswith("__") or n == "__import__"):
-        return True
-    origin = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
-    if not isinstance(origin, str):
-        origin = type(obj).__module__
-    return origin.split(".")[0] in FORBIDDEN_ORIGINS and not (origin == "builtins" and not callable(obj))
-
-
-def name_check(module: str, attrs: Sequence[str], allowed: frozenset[str]) -> str | None:
-    """Why ``module.attrs[0].attrs[1]...`` is refused, or None: every name public and not forbidden, every
-    module passed through allowed, the end no module and nothing from a forbidden origin (resolved by
-    importing the allowed modules here; a module this process cannot import is checked by name only)."""
-    if not attrs:
-        return f"module {module} used as a value"
-    owner: Any = _module(module)
-    owner_name = module
-    for i, attr in enumerate(attrs):
-        dotted = ".".join((module, *attrs[:i + 1]))
-        if attr.startswith("_") or attr in FORBIDDEN_METHODS or attr in FORBIDDEN_MODULE_NAMES.get(owner_name, ()):
-            return f"{dotted} is not an allowed name"
-        if owner is None:
-            return None
-        obj = _attribute(owner, owner_name, attr)
-        if obj is _MISSING:
-            return f"{dotted} does not exist"
-        if isinstance(obj, types.ModuleType):
-            if obj.__name__ not in allowed:
-                return f"{dotted} is module {obj.__name__}, not an allowed module"
-            if i == len(attrs) - 1:
-                return f"{dotted} is a module used as a value"
-            owner, owner_name = obj, obj.__name__
-            continue
-        if _dangerous(obj):
-            return f"{dotted} re-exports {getattr(obj, '__module__', type(obj).__module__)}"
-        if not isinstance(obj, type):
-            return None
-        owner, owner_name = obj, dotted
-    return None
-
-
 def import_gate(code: str, solver: str | None = None) -> GateResult:
-    """The names a program may use: allowed modules of its solver family (:data:`ALLOWED_MODULES`) used only
-    through public, non-forbidden names (a module never as a value: ``m = random`` would hand ``random._os``
-    on), no private or dunder attribute anywhere, no forbidden builtin, no star import."""
-    if solver not in ALLOWED_MODULES:
-        raise ValueError(f"solver must be one of gurobipy, highspy or None, got {solver!r}")
-    allowed = ALLOWED_MODULES[solver]
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as exc:
-        return reject("ast.syntax_error", f"line {exc.lineno}: {exc.msg}")
-    except ValueError as exc:  # e.g. NUL bytes
-        return reject("ast.syntax_error", str(exc))
-    bound: dict[str, str] = {}  # names bound to modules -> module name
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name not in allowed:
-                    return reject("ast.forbidden_import", f"line {node.lineno}: import {a.name}")
-                if a.asname:
-                    bound[a.asname] = a.name
-                else:
-                    root = a.name.split(".")[0]
-                    if root not in allowed:
-                        return reject("ast.forbidden_import", f"line {node.lineno}: import {a.name}")
-                    bound[root] = root
-        elif isinstance(node, ast.ImportFrom):
-            mod = node.module or ""
-            if node.level or mod not in allowed:
-                return reject("ast.forbidden_import", f"line {node.lineno}: from {'.' * node.level}{mod} import")
-            for a in node.names:
-                if a.name == "*":
-                    return reject("ast.forbidden_import", f"line {node.lineno}: from {mod} import *")
-                if f"{mod}.{a.name}" in allowed:  # an allowed submodule, bound like an import
-                    bound[a.asname or a.name] = f"{mod}.{a.name}"
-                elif why := name_check(mod, [a.name], allowed):
-                    return reject("ast.forbidden_import", f"line {node.lineno}: {why}")
-    parents: dict[int, ast.AST] = {}
-    for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            parents[id(child)] = node
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            if node.id in FORBIDDEN_NAMES or (node.id.startswith("__") and node.id not in ALLOWED_DUNDERS):
-                return reject("ast.forbidden_call", f"line {node.lineno}: {node.id}")
-            if node.id in bound:
-                attrs: list[str] = []
-                cur: ast.AST = node
-                while isinstance(up := parents.get(id(cur)), ast.Attribute) and up.value is cur:
-                    attrs.append(up.attr)
-                    cur = up
-                why = name_check(bound[node.id], attrs, allowed)
-                if why:
-                    return reject("ast.forbidden_attribute", f"line {node.lineno}: {why}")
-        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and node.attr not in ALLOWED_DUNDERS:
-            return reject("ast.forbidden_attribute", f"line {node.lineno}: .{node.attr}")
-        elif isinstance(node, ast.Call):
-            _, method = _called_name(node)
-            if method in FORBIDDEN_METHODS:
-                return reject("ast.forbidden_call", f"line {node.lineno}: .{method}()")
-    return accept()
+    """The import contract (:func:`trex.verify.imports.import_problem`) as a gate: ``ast.*`` reason codes."""
+    problem = import_problem(code, solver)
+    return accept() if problem is None else reject(f"ast.{problem[0]}", problem[1])
 
 
 def ast_gate(code: str, solver: str | None = None) -> GateResult:
@@ -314,9 +141,9 @@ def ast_gate(code: str, solver: str | None = None) -> GateResult:
         return g
     tree = ast.parse(code)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    if not any(_called_name(c)[1] in SOLVER_METHODS for c in calls):
+    if not any(called_name(c)[1] in SOLVER_METHODS for c in calls):
         return reject("ast.no_solver_call", "no .optimize(), .run(), .minimize() or .maximize() call")
-    if not any(_called_name(c)[0] == "print" and _mentions_protocol(c) for c in calls):
+    if not any(called_name(c)[0] == "print" and _mentions_protocol(c) for c in calls):
         return reject("ast.no_protocol_output", f"no print(...) of a {PROTOCOL_MARK} line")
     return accept()
 
@@ -368,7 +195,7 @@ def execution_gate(run: RunLike) -> GateResult:
 
 def instance_model(inst: Instance) -> LinearModel:
     """The instance as ORGEval's model (the reference of :func:`structural_gate`), built from the IR itself."""
-    from trex.evaluation import orgeval
+    from trex.verify import orgeval
 
     kinds = {"continuous": "C", "integer": "I", "binary": "B"}
     index = inst.var_index()
@@ -384,20 +211,13 @@ def instance_model(inst: Instance) -> LinearModel:
 
 
 def structural_gate(solve: dict[str, Any] | None, reference: LinearModel) -> GateResult:
-    """The recorded model is the instance's model (ORGEval WL-equivalence), beyond objective agreement:
-    a dropped constraint, relaxed integrality or wrong coefficient is rejected whatever the objective."""
-    from trex.evaluation import orgeval
+    """The recorded model is the instance's model (ORGEval WL-equivalence, :func:`orgeval.structural_check`),
+    beyond objective agreement: a dropped constraint, relaxed integrality or wrong coefficient is rejected
+    whatever the objective."""
+    from trex.verify import orgeval
 
-    lp = None if solve is None else solve.get("lp")
-    if not lp:
-        truncated = bool(solve and solve.get("lp_truncated"))
-        return reject("structure.no_model", "model larger than the recording cap" if truncated else "no LP text")
-    try:
-        candidate = orgeval.read_lp_text(lp)
-    except ValueError as exc:
-        return reject("structure.mismatch", f"recorded LP unreadable: {str(exc)[:200]}")
-    eq = orgeval.equivalent_models(candidate, reference)
-    return accept(eq.reason) if eq.equivalent else reject("structure.mismatch", eq.reason)
+    code, why = orgeval.structural_check(solve, reference)
+    return accept(why) if code is None else reject(f"structure.{code}", why)
 
 
 def objective_agrees(value: float, reference: float, tol: float) -> bool:

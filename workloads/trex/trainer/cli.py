@@ -10,7 +10,6 @@ overrides one field (camelCase path, YAML value); `--print-config` prints the re
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import traceback
@@ -63,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    from trex.trainer.config import KernelsConfig, job_problems
-
-    if cfg.kernels.registry is None and os.environ.get("TREX_KERNELS_FILE"):  # kernelsFrom's mounted registry
-        cfg = cfg.model_copy(update={"kernels": KernelsConfig(registry=os.environ["TREX_KERNELS_FILE"])})
+    from trex.trainer.config import job_problems
 
     problems = job_problems(cfg, env.world_size)  # the rule `trex validate` and the operator apply
     if problems:

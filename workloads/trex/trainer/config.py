@@ -173,6 +173,9 @@ def _default_ns() -> list[NewtonSchulzStage]:
 class MuonConfig(TrexModel):
     """Muon for every 2-D GEMM weight (stacked experts orthogonalised per expert)."""
 
+    enabled: bool = True
+    """Muon for the GEMM weights; false = AdamW (optimizer.adamw) for every parameter, as most fine-tuning recipes
+    use (twice Muon's optimizer-state bytes for those weights, no Newton-Schulz)."""
     lr: float = Field(default=2e-2, gt=0, le=10)
     """Peak learning rate."""
     momentum: float = Field(default=0.95, ge=0, lt=1)
@@ -390,8 +393,8 @@ class KernelsConfig(TrexModel):
     """Tuned kernels from a KernelTuneJob (see trex.trainer.kernels)."""
 
     registry: str | None = None
-    """Kernel registry (a KernelTuneJob's registry.json or the kernels.json its kernelsFrom mounts; TREX_KERNELS_FILE
-    sets it when unset); unset = every op eager."""
+    """Kernel registry (a KernelTuneJob's registry.json, or the kernels.json its kernelsFrom mounts: a TrainJob's
+    kernelsFrom sets it); unset = every op eager."""
 
 
 class RewardWeightsConfig(TrexModel):
@@ -453,7 +456,7 @@ class GRPOConfig(TrexModel):
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
-        from trex.evaluation.protocols import PROTOCOLS
+        from trex.verify.protocols import PROTOCOLS
 
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol: unknown {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
@@ -464,8 +467,8 @@ class GRPOConfig(TrexModel):
 def check_prompt_source(prompt_format: str, prompt_set: str) -> None:
     """promptFormat must be a format `trex eval` reads whose records hold a question (not bench4opt) and promptSet
     a prompt set of the contract; ValueError naming the field otherwise."""
-    from trex.evaluation.benchmarks import FORMATS
     from trex.prompt_contract import PROMPT_SETS
+    from trex.verify.formats import FORMATS
 
     if prompt_format not in FORMATS or prompt_format == "bench4opt":
         allowed = [f for f in FORMATS if f != "bench4opt"]

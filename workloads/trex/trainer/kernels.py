@@ -1,8 +1,8 @@
 """Tuned kernels inside training: a KernelTuneJob's registry replaces the trainer's RMSNorm, clamped SwiGLU,
 half-split RoPE, router top-k and grouped expert GEMM.
 
-``trainer.kernels.registry`` (the operator mounts a KernelTuneJob's registry and sets TREX_KERNELS_FILE when a
-TrainJob names it in ``kernelsFrom``) lists tuned configurations per kernel, shape class (each dim rounded up
+``trainer.kernels.registry`` (the operator mounts a KernelTuneJob's registry and names it there when a TrainJob
+names the KernelTuneJob in ``kernelsFrom``) lists tuned configurations per kernel, shape class (each dim rounded up
 to a power of two) and dtype. At load, every entry for this device's backend whose shape class the run uses
 (``trainer_kernel_shapes``) is compiled and checked against the eager op on the run's own shape; a kernel that
 fails to build or disagrees beyond its declared tolerance is refused (log line, metric, termination summary)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from trex.trainer.config import TrainerConfig, resolved_model_values
 from trex.trainer.mfu import GIB, DeviceSku
 from trex.trainer.model_args import ModelArgs
+from trex.trainer.parallel.placement import tp_style
 
 if TYPE_CHECKING:
     from torch import nn
@@ -49,10 +50,6 @@ if TYPE_CHECKING:
 
 Placement = Literal["experts", "moe", "tp_col", "tp_row", "replicated"]
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp64": 8}
-_ATTN_TP_COL = frozenset({"q_proj", "q_b_proj", "kv_b_proj"})
-_ATTN_TP_ROW = frozenset({"o_proj"})
-_V4_TP_COL = frozenset({"q_b_proj", "o_a_proj"})
-_V4_TP_ROW = frozenset({"o_b_proj"})
 
 
 @dataclass(frozen=True)
@@ -82,30 +79,19 @@ class Census:
 
 
 def _placement(name: str, owner: Any, parent: Any) -> Placement:
-    from trex.trainer.model.attention import MLAttention
-    from trex.trainer.model.layers import MLP
+    """Where the parallel layer puts parameter ``name`` (of module ``owner``, child of ``parent``): routed
+    experts, router and shared experts, else tensor parallelism's placement table."""
     from trex.trainer.model.moe import Gate, GroupedExperts
-    from trex.trainer.model.v4attention import V4Attention
 
-    leaf = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
     if isinstance(owner, GroupedExperts):
         return "experts"
     if isinstance(owner, Gate) or ".shared_experts." in name:
         return "moe"
-    if isinstance(parent, MLP):  # a dense MLP's projections
-        return "tp_row" if leaf == "down_proj" else "tp_col"
-    if isinstance(parent, MLAttention):
-        if leaf in _ATTN_TP_COL:
-            return "tp_col"
-        if leaf in _ATTN_TP_ROW:
-            return "tp_row"
-    if isinstance(parent, V4Attention):  # query heads and their output groups; the shared kv head stays whole
-        if leaf in _V4_TP_COL:
-            return "tp_col"
-        if leaf in _V4_TP_ROW:
-            return "tp_row"
-    if isinstance(owner, V4Attention) and name.endswith(".sinks"):  # one sink per head
-        return "tp_col"
+    parts = name.rsplit(".", 2)
+    for mod, rel in ((parent, ".".join(parts[-2:])), (owner, parts[-1])):
+        style = tp_style(type(mod).__name__, rel)
+        if style is not None:
+            return "tp_row" if style == "rowwise" else "tp_col"
     return "replicated"
 
 
@@ -345,6 +331,8 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
     device's memory). Assumes parallelism_problems(cfg, world) is empty."""
     values: dict[str, Any] = resolved_model_values(cfg.model)
     c = census(values)
+    if not cfg.optimizer.muon.enabled:  # AdamW-only: every parameter has AdamW's two states
+        c = replace(c, params=tuple(replace(p, role="adamw") for p in c.params))
     lay = Layout.of(cfg, world)
     sharded = world > 1
     model_bytes = _DTYPE_BYTES[cfg.model.dtype]

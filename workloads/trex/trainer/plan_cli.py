@@ -3,15 +3,23 @@
 A TrainJob is planned on its replicas x devicesPerReplica ranks against its deviceModel (cpu: the pod's
 memory limit / devicesPerReplica); a trainer YAML on --world ranks of --device (cpu: this host's memory /
 world). Exit codes: 0 fits (or the capacity is unknown), 1 does not fit or the job is invalid, 2 bad input.
+Job manifests are read by the operator's models (:mod:`trex_operator.plan_cli` passes its TrainJob reader
+to :func:`main`), so the trainer never imports the operator.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trex.trainer.mfu import DEVICES
+
+Loaded = tuple[Any, int, Any, int | None]
+"""(trainer config, world, device, capacity in bytes or None) of the file to plan."""
+ManifestReader = Callable[[dict[str, Any], argparse.Namespace], Loaded]
+"""Reads one kind of job manifest with the parsed arguments; ValueError with one line on bad input."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _load(args: argparse.Namespace) -> tuple[Any, int, Any, int | None, list[str]]:
+def _load(args: argparse.Namespace,
+          manifests: Mapping[str, ManifestReader]) -> tuple[Any, int, Any, int | None, list[str]]:
     """(trainer config, world, device, capacity, problems); ValueError with one line on bad input."""
     import yaml
     from pydantic import ValidationError
@@ -39,26 +48,19 @@ def _load(args: argparse.Namespace) -> tuple[Any, int, Any, int | None, list[str
         raise ValueError(f"{args.file}: cannot read: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{args.file}: not valid YAML ({str(e).splitlines()[0]})") from None
-    model: Any = TrainerConfig
-    try:
-        if isinstance(doc, dict) and doc.get("kind") == "TrainJob":
-            from trex_operator.api import TrainJob
-
-            model = TrainJob
-            job = TrainJob.model_validate(doc, by_alias=True, by_name=False, context={"rules": False})
-            spec = job.spec
-            cfg, world = spec.trainer, args.world or spec.replicas * spec.devices_per_replica
-            device = DEVICES[args.device] if args.device else spec.device()
-            capacity = spec.device_capacity() if args.device in (None, "cpu") and device.device_type == "cpu" \
-                else device.memory_bytes
-        else:
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    reader = manifests.get(kind) if isinstance(kind, str) else None
+    if reader is not None:
+        cfg, world, device, capacity = reader(doc, args)
+    else:
+        try:
             section = doc.get("trainer", doc) if isinstance(doc, dict) else doc
             cfg = load_section(TrainerConfig, section or {})
-            world = args.world or 1
-            device = DEVICES[args.device or "cpu"]
-            capacity = device.memory_bytes if device.memory_bytes is not None else _host_memory() // world
-    except ValidationError as e:
-        raise ValueError(format_validation_error(e, model=model)[0]) from None
+        except ValidationError as e:
+            raise ValueError(format_validation_error(e, model=TrainerConfig)[0]) from None
+        world = args.world or 1
+        device = DEVICES[args.device or "cpu"]
+        capacity = device.memory_bytes if device.memory_bytes is not None else _host_memory() // world
     if world <= 0:
         raise ValueError(f"--world must be positive, got {world}")
     problems = [f"{p}: {m}" for p, m in job_problems(cfg, world, device, capacity)]
@@ -103,11 +105,12 @@ def rows(plan: Any) -> list[tuple[str, str]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the plan table, the fit and any problem `trex validate` would report."""
+def main(argv: list[str] | None = None, manifests: Mapping[str, ManifestReader] | None = None) -> int:
+    """Print the plan table, the fit and any problem `trex validate` would report; ``manifests`` reads job
+    manifests by kind (a file of another kind is a trainer config: the whole file or its ``trainer:`` section)."""
     args = _parser().parse_args(argv)
     try:
-        cfg, world, device, capacity, problems = _load(args)
+        cfg, world, device, capacity, problems = _load(args, manifests or {})
         from trex.trainer.config import parallelism_problems
         from trex.trainer.plan import Layout, gib, plan_memory
 
@@ -136,6 +139,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"problem: {line}")
     return 1 if problems or plan.fits is False else 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

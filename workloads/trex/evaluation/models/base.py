@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from trex.evaluation.benchmarks.base import Item
 from trex.llm.client import ChatResult
+from trex.verify.items import Item
 
 
 class Model(Protocol):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item
 from trex.llm.client import ChatClient, ChatResult
+from trex.verify.items import Item
 
 
 class OpenAIModel:

@@ -15,8 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from trex.evaluation.benchmarks.base import Item, Truth
 from trex.llm.client import ChatResult, Usage
+from trex.verify.items import Item, Truth
 
 _STATUS = {"no_solution": "infeasible_or_unbounded", "infeasible_or_unbounded": "infeasible_or_unbounded",
            "infeasible": "infeasible", "unbounded": "unbounded"}

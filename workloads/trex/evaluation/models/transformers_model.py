@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trex.evaluation.benchmarks.base import Item
 from trex.llm.client import ChatResult, Usage
 from trex.prompt_contract import REASONING_TOKENS
 from trex.reasoning import CONTEXT_LIMITS, template_mode
+from trex.verify.items import Item
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, str]], reasoning_mode: str | None = None) -> str:

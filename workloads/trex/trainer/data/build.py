@@ -12,9 +12,10 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from trex.prompt_contract import PAD
+from trex.text.chat import EncodedDoc, encode_chat, encode_text
 from trex.trainer.config import DataConfig
 from trex.trainer.data.loader import PackedLoader, SampleLoader
-from trex.trainer.data.packing import EncodedDoc, encode_chat, encode_text, policy_counts
+from trex.trainer.data.packing import policy_counts
 from trex.trainer.data.sources import DataError, corpus_fingerprint, demo_corpus, load_records
 
 DEMO_DOCS = 1500
@@ -36,7 +37,7 @@ def build_data(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokeni
             t for m in r["messages"] for t in (m["content"], m.get("reasoning_content")) if isinstance(t, str))
             for r in records]
     vocab = min(cfg.tokenizer.vocab_size, max_vocab)
-    from trex.trainer.data.tokenizer import load_or_train
+    from trex.text.tokenizer import load_or_train
 
     if cfg.reasoning_mode is not None and fmt != "chat":
         raise ValueError(f"data.reasoningMode: applies to chat records; {cfg.train or 'the demo corpus'} holds text")

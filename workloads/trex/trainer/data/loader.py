@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trex.trainer.data.packing import EncodedDoc, Stream, concat, fit, pack_samples, window
+from trex.text.chat import EncodedDoc
+from trex.trainer.data.packing import Stream, concat, fit, pack_samples, window
 
 
 class PackedLoader:

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from trex.evaluation.benchmarks.base import Item
 from trex.runtime.copy_engine import make_copy_engine
 from trex.trainer.config import OPDConfig, TrainerConfig
 from trex.trainer.distill.cache import HiddenStateCache
@@ -36,6 +35,7 @@ from trex.trainer.parallel.decode import DecodeReplica, decoding, shared_over
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.step import stop_tokens_of
 from trex.trainer.rollout import Rollout, SamplingParams, generate
+from trex.verify.items import Item
 
 
 def opd_problems(cfg: OPDConfig) -> list[tuple[str, str]]:

@@ -88,11 +88,14 @@ def resolve_ns_dtype(setting: str, fast_bf16: bool) -> torch.dtype:
 
 def build_optimizers(model: nn.Module, roles: dict[str, str], cfg: OptimizerConfig,
                      ns_dtype: torch.dtype = torch.float32) -> Optimizers:
-    """Muon (config.optimizer.muon) for "muon" parameters and torch.optim.AdamW for "adamw" ones.
+    """Muon (config.optimizer.muon) for "muon" parameters and torch.optim.AdamW for "adamw" ones (for every
+    parameter with optimizer.muon.enabled false).
 
     Muon's leading Newton-Schulz stages run in ``ns_dtype``; the last (cleanup) stage always in fp32.
     """
     muon_params, adamw_params = split_params(model, roles)
+    if not cfg.muon.enabled:
+        muon_params, adamw_params = [], [p for p in model.parameters() if p.requires_grad]
     muon = Muon(muon_params) if muon_params else None
     adamw = torch.optim.AdamW(adamw_params) if adamw_params else None
     opts = Optimizers(muon, adamw)

@@ -2,7 +2,8 @@
 then FSDP2. The model code knows none of this; everything here is torch.distributed's own machinery
 (parallelize_module, distribute_tensor, fully_shard, DTensor redistribution) plus the token dispatcher.
 
-What runs where (see docs/ARCHITECTURE.md, "Parallel trainer"):
+What runs where (see docs/ARCHITECTURE.md, "Parallel trainer"; which parameters tp splits is the table in
+trex.trainer.parallel.placement, which the memory plan reads too):
 - attention: query heads split over tp. MLA: q/kv_b column-parallel, o row-parallel, the latent
   projections and norms replicated. DeepSeek-V4: q_b column-parallel, sinks and output groups split
   (o_a rows, o_b row-parallel), the shared key/value head, compressor and indexer replicated. Tensors
@@ -33,6 +34,7 @@ from trex.trainer.model.moe import MoE
 from trex.trainer.model.v4attention import V4Attention
 from trex.trainer.parallel.expert import ExpertDispatch
 from trex.trainer.parallel.mesh import Meshes, ParallelDims
+from trex.trainer.parallel.placement import TP_TABLE
 
 
 @dataclass
@@ -69,8 +71,6 @@ def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, par
 # --- tensor parallelism ------------------------------------------------------------------------------
 def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, info: Parallelized) -> None:
     """Heads of every attention and the hidden dim of every dense FFN over tp; MoE layers split the batch."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
     tp_mesh = meshes.dense["tp"]
     for block in blocks(model):
         attn = block.self_attn
@@ -78,15 +78,32 @@ def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Mesh
             tensor_parallel_v4(attn, tp_mesh, dims.tp)
         else:
             assert isinstance(attn, MLAttention)
-            q = "q_b_proj" if attn.q_lora_rank > 0 else "q_proj"
-            parallelize_module(attn, tp_mesh, {q: ColwiseParallel(), "kv_b_proj": ColwiseParallel(),
-                                               "o_proj": RowwiseParallel()})
+            split_by_table(attn, tp_mesh)
             share_rope_key(attn, tp_mesh)
         if isinstance(block.mlp, MLP):
-            parallelize_module(block.mlp, tp_mesh, {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(),
-                                                    "down_proj": RowwiseParallel()})
+            split_by_table(block.mlp, tp_mesh)
         else:
             split_moe_batch(block.mlp, tp_mesh, dims.tp)
+
+
+def split_by_table(module: nn.Module, tp_mesh: Any) -> None:
+    """Split ``module``'s parameters over tp as the placement table (trex.trainer.parallel.placement) says:
+    colwise/rowwise children through parallelize_module, shard0 parameters distributed as Shard(0)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel.style import ParallelStyle
+
+    table = TP_TABLE[type(module).__name__]
+    plan: dict[str, ParallelStyle] = {
+        name: ColwiseParallel() if style == "colwise" else RowwiseParallel() for name, style in table.items()
+        if style != "shard0" and isinstance(getattr(module, name, None), nn.Module)}
+    parallelize_module(module, tp_mesh, plan)
+    for path, style in table.items():
+        if style == "shard0":
+            owner_path, _, name = path.rpartition(".")
+            owner = module.get_submodule(owner_path)
+            full = getattr(owner, name).data
+            setattr(owner, name, nn.Parameter(distribute_tensor(full, tp_mesh, [Shard(0)], src_data_rank=None)))
 
 
 def shared_over_tp(t: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
@@ -103,13 +120,8 @@ def tensor_parallel_v4(attn: V4Attention, tp_mesh: Any, tp: int) -> None:
     the indexer replicated, with the shared key/value entries' gradients summed over tp and the indexer's
     head-mean target averaged over tp."""
     import torch.distributed as dist
-    from torch.distributed.tensor import Shard, distribute_tensor
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    parallelize_module(attn, tp_mesh, {"q_b_proj": ColwiseParallel(), "o_b_proj": RowwiseParallel()})
-    for mod, name in ((attn.o_a_proj, "weight"), (attn, "sinks")):
-        full = getattr(mod, name).data
-        setattr(mod, name, nn.Parameter(distribute_tensor(full, tp_mesh, [Shard(0)], src_data_rank=None)))
+    split_by_table(attn, tp_mesh)
     norms = [attn.kv_norm] + ([attn.compressor.kv_norm] if attn.compressor is not None else [])
     for norm in norms:
         norm.register_forward_hook(lambda _m, _a, out: shared_over_tp(out, tp_mesh))

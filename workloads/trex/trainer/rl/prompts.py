@@ -3,7 +3,7 @@
 The records are in a format `trex eval` reads (an ORDataJob's ``prompts`` rendering and held-out file use the
 ``ordata`` one), so a prompt is rendered exactly as the SFT samples and `trex eval` render it: the prompt
 contract's messages for grpo.promptSet (:func:`trex.prompt_contract.prompt_messages`) in the chat layout of
-:func:`trex.trainer.data.packing.encode_prompt`, ending with the generation prompt.
+:func:`trex.text.chat.encode_prompt`, ending with the generation prompt.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from trex.evaluation.benchmarks.base import Item
 from trex.trainer.config import TrainerConfig
 from trex.trainer.data.sources import DataError, jsonl_files
+from trex.verify.items import Item
 
 
 def load_items(train: str, fmt: str, need_truths: bool = True) -> list[Item]:
     """Every item of the JSONL file(s) ``train`` names (a file, a folder of *.jsonl or a glob), in name order;
     ids must be distinct across files (and some hold ground truths when ``need_truths``). DataError names the
     file and record at fault."""
-    from trex.evaluation.benchmarks import FORMATS
+    from trex.verify.formats import FORMATS
 
     parse = FORMATS[fmt].parse
     items: list[Item] = []
@@ -51,7 +51,7 @@ def prompt_tokens(tok: Tokenizer, item: Item, fmt: str, prompt_set: str, reasoni
     """The tokens a model continues from to answer ``item``: the prompt set's messages (those its SFT samples and
     `trex eval` use) in the training chat layout, ending with the generation prompt."""
     from trex.prompt_contract import prompt_messages
-    from trex.trainer.data.packing import encode_prompt
+    from trex.text.chat import encode_prompt
 
     messages = prompt_messages(item.question, prompt_set, named=list(item.named), data_file=fmt == "bench4opt")
     return [int(t) for t in encode_prompt(tok, messages, reasoning_mode, think_max_prompt)]
@@ -103,8 +103,8 @@ class PromptOrder:
 def build_prompts(cfg: TrainerConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokenizer, list[Item]]:
     """(tokenizer, items) of mode grpo or opd (its section's promptFormat and promptSet): data.tokenizer.path (the
     SFT run's tokenizer, normally), else a BPE trained on the rendered prompts and the reference answers."""
+    from trex.text.tokenizer import load_or_train
     from trex.trainer.data.sources import corpus_fingerprint
-    from trex.trainer.data.tokenizer import load_or_train
 
     if cfg.data.train is None:
         raise DataError(f"data.train: mode {cfg.mode} needs prompts (an ORDataJob's prompts rendering or a benchmark "

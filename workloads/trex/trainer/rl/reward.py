@@ -9,11 +9,11 @@ program in :mod:`trex.sandbox` exactly as `trex eval` does, and scores three ter
 * **objective**: that recorded solve matches the ground truth under an evaluation protocol (``sirl``:
   |pred - gt| / (|gt| + 1) < 1e-6). A printed TREX_RESULT that no recorded solve backs earns nothing here.
 
-Where the item has a reference model (a Bench4Opt item's reference LP, or an ORData prompt's reference answer,
-whose program's recorded model the verifier records once per item), the objective term also needs the recorded
-model to be that model (ORGEval equivalence, the ORData structural gate's check): a recorded model that is not
-(a pinned or trivial one: a variable fixed to the answer, a constant objective) earns the format term only. With the
-import gate on, a program outside the ORData import contract (:func:`trex.ordata.gates.import_gate`) is not run.
+Where the item has a reference model (a Bench4Opt item's reference LP, or the model an ORData prompt's reference
+answer's program records, recorded once per item), the execution and objective terms also need the recorded model
+to be that model (ORGEval equivalence, :func:`trex.verify.orgeval.structural_check`, as ORData's structural gate):
+a pinned or trivial model (a variable fixed to the answer, a constant objective) earns the format term only. With
+the import gate on, a program outside the import contract (:func:`trex.verify.imports.import_problem`) is not run.
 
 The reward is the weighted sum (:class:`RewardWeights`; SIRL's 0.5 / 1 / 1 is the example). Programs run in
 parallel, as many at once as the machine has CPUs (each is one sandboxed process).
@@ -28,14 +28,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from trex.evaluation.benchmarks.base import Item
-from trex.evaluation.extract import extract_code
-from trex.evaluation.protocols import get_protocol
-from trex.evaluation.scoring import CATEGORIES, classify, syntax_check
 from trex.reasoning import answer_of
+from trex.verify.extract import extract_code
+from trex.verify.items import Item
+from trex.verify.protocols import get_protocol
+from trex.verify.scoring import CATEGORIES, classify, syntax_check
 
 if TYPE_CHECKING:
-    from trex.evaluation.orgeval import LinearModel
+    from trex.verify.orgeval import LinearModel
 
 
 OUTCOMES: tuple[str, ...] = (*CATEGORIES, "forbidden_code", "structure_mismatch")
@@ -114,17 +114,18 @@ class ORVerifier:
 
     async def score_one(self, completion: str, item: Item) -> Reward:
         """The reward of one completion."""
-        from trex.evaluation.runner import run_program
-        from trex.ordata.gates import import_gate, structural_gate
+        from trex.verify.imports import import_problem
+        from trex.verify.orgeval import structural_check
+        from trex.verify.program import run_program
 
         code, rule = extract_code(answer_of(completion, self.reasoning_mode, server_split=False))
         syn = syntax_check(code) if code is not None else None
         fmt = float(code is not None and rule == "python-fence" and syn is None)
         w = self.weights
         if code is not None and syn is None and self.import_gate:
-            gate = import_gate(code)
-            if not gate.accepted:
-                return Reward(w.format * fmt, fmt, 0.0, 0.0, "forbidden_code", f"{gate.reason}: {gate.detail}")
+            problem = import_problem(code)
+            if problem is not None:
+                return Reward(w.format * fmt, fmt, 0.0, 0.0, "forbidden_code", f"{problem[0]}: {problem[1]}")
         execution, record = None, None
         if code is not None and syn is None:
             execution, record, _ = await run_program(code, item, timeout_s=self.timeout_s, memory_mb=self.memory_mb,
@@ -136,9 +137,9 @@ class ORVerifier:
         if ran and self.structure and record is not None:
             reference = await self.reference_model(item)
             if reference is not None:
-                check = structural_gate(record.get("solve"), reference)
-                if not check.accepted:  # the recorded solve is not of the item's model: it counts for nothing
-                    ran, obj, outcome, reason = 0.0, 0.0, "structure_mismatch", check.detail
+                mismatch, why = structural_check(record.get("solve"), reference)
+                if mismatch is not None:  # the recorded solve is not of the item's model: it counts for nothing
+                    ran, obj, outcome, reason = 0.0, 0.0, "structure_mismatch", why
         return Reward(w.format * fmt + w.execution * ran + w.objective * obj, fmt, ran, obj, outcome, reason)
 
     async def reference_model(self, item: Item) -> LinearModel | None:
@@ -151,8 +152,8 @@ class ORVerifier:
         return await task
 
     async def _reference_model(self, item: Item) -> LinearModel | None:
-        from trex.evaluation import orgeval
         from trex.sandbox import Limits, run_python_async
+        from trex.verify import orgeval
 
         lp = item.reference_lp
         if lp is None:

@@ -23,7 +23,6 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from trex.evaluation.benchmarks.base import Item
 from trex.prompt_contract import PAD
 from trex.trainer.config import TrainerConfig
 from trex.trainer.parallel.decode import shared_over
@@ -34,6 +33,7 @@ from trex.trainer.rl.reward import Reward, Verifier
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
 from trex.trainer.rollout.wal import RolloutLog
+from trex.verify.items import Item
 
 WAL_DIR = "rollouts"
 """Folder under the checkpoint root holding the current step's rollout logs."""

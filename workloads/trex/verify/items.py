@@ -1,4 +1,5 @@
-"""Benchmark items, ground truth and datasets: the shape every loader produces."""
+"""The OR contract's items and ground truth (what every published format parses into), and the record readers
+the format parsers share."""
 
 from __future__ import annotations
 
@@ -87,29 +88,6 @@ class Item:
     reference_lp: str | None = None
     """Bench4Opt: the instance's reference model (LP text) for ORGEval and the reference model."""
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Dataset:
-    """A loaded benchmark: its items and the provenance every run records."""
-
-    name: str
-    format: str
-    version: str
-    path: str
-    items: list[Item]
-    content_hash: str
-    """sha256 over the source bytes (files in sorted relative-path order)."""
-
-    @property
-    def count(self) -> int:
-        """Number of items."""
-        return len(self.items)
-
-    def provenance(self) -> dict[str, Any]:
-        """Name, format, version, path, item count and content hash."""
-        return {"name": self.name, "format": self.format, "version": self.version, "path": self.path,
-                "items": self.count, "content_hash": self.content_hash}
 
 
 def sha256_bytes(*chunks: bytes) -> str:

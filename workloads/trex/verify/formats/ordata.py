@@ -8,7 +8,7 @@ budgets measure it; it never enters a prompt).
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, read_json_records, require, require_truth
+from trex.verify.items import Item, read_json_records, require, require_truth
 
 REQUIRED = ("question", "answer")
 

@@ -2,7 +2,7 @@
 
 Categories, decided in this order (first that applies):
 
-* ``no_code``: no code could be extracted (see :mod:`trex.evaluation.extract`);
+* ``no_code``: no code could be extracted (see :mod:`trex.verify.extract`);
 * ``syntax_error``: the code does not compile;
 * ``timeout``: the program ran past the wall-clock or CPU limit;
 * ``import_error``: it exited with ModuleNotFoundError/ImportError, or an AttributeError on a module
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trex.evaluation.benchmarks.base import Item
-from trex.evaluation.protocols import Prediction, Protocol, judge, normalise_status
+from trex.verify.items import Item
+from trex.verify.protocols import Prediction, Protocol, judge, normalise_status
 
 # Ordered from "furthest from working" to "right".
 CATEGORIES: tuple[str, ...] = (

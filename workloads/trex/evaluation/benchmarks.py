@@ -1,20 +1,40 @@
-"""Benchmark loaders: one module per published format, chosen by name, by ``format`` or from the content."""
+"""Benchmark loading: a published format (:mod:`trex.verify.formats`) chosen by name, by ``format`` or from the
+content, and the dataset's provenance."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
-from trex.evaluation.benchmarks import bench4opt, industryor, mamo, nl4opt, optibench, optmath, ordata
-from trex.evaluation.benchmarks.base import Dataset, Item, Truth, parse_truth, read_json_records, sha256_bytes
+from trex.verify.formats import FORMATS, bench4opt, industryor, mamo, nl4opt, optibench, optmath, ordata
+from trex.verify.items import Item, read_json_records, sha256_bytes
 
-__all__ = ["FORMATS", "Dataset", "Item", "Truth", "default_format", "detect_format", "load_benchmark", "parse_truth"]
 
-FORMATS: dict[str, ModuleType] = {
-    "nl4opt": nl4opt, "mamo": mamo, "optibench": optibench, "industryor": industryor,
-    "optmath": optmath, "ordata": ordata, "bench4opt": bench4opt,
-}
+@dataclass
+class Dataset:
+    """A loaded benchmark: its items and the provenance every run records."""
+
+    name: str
+    format: str
+    version: str
+    path: str
+    items: list[Item]
+    content_hash: str
+    """sha256 over the source bytes (files in sorted relative-path order)."""
+
+    @property
+    def count(self) -> int:
+        """Number of items."""
+        return len(self.items)
+
+    def provenance(self) -> dict[str, Any]:
+        """Name, format, version, path, item count and content hash."""
+        return {"name": self.name, "format": self.format, "version": self.version, "path": self.path,
+                "items": self.count, "content_hash": self.content_hash}
+
+
 _BY_NAME = {
     "nl4opt": "nl4opt", "mamo_easy": "mamo", "mamo_complex": "mamo", "optibench": "optibench",
     "nl4opt_e": "optibench", "industryor": "industryor", "industryor_fixed": "industryor",

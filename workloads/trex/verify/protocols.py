@@ -45,7 +45,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trex.evaluation.benchmarks.base import Item, Truth
+from trex.verify.items import Item, Truth
 
 PROTOCOL_NAMES = ("strict", "orlm", "mamo", "optibench", "sirl")
 STATUSES = ("optimal", "infeasible", "unbounded", "infeasible_or_unbounded")

@@ -6,7 +6,7 @@ named value is ground truth, so items carry them in ``Item.named`` and no single
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, Truth, parse_truth, read_json_records, require
+from trex.verify.items import Item, Truth, parse_truth, read_json_records, require
 
 REQUIRED = ("question", "results")
 

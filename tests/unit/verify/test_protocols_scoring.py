@@ -8,10 +8,10 @@ import math
 from fractions import Fraction
 
 import pytest
-from trex.evaluation.benchmarks.base import Item, parse_truth
-from trex.evaluation.extract import extract_code
-from trex.evaluation.protocols import Prediction, get_protocol, judge, match_truth
-from trex.evaluation.scoring import Execution, aggregate, classify, classify_failure, pass_at_k
+from trex.verify.extract import extract_code
+from trex.verify.items import Item, parse_truth
+from trex.verify.protocols import Prediction, get_protocol, judge, match_truth
+from trex.verify.scoring import Execution, aggregate, classify, classify_failure, pass_at_k
 
 
 def ok(protocol: str, pred: float, gt: str, status: str = "optimal") -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 import networkx as nx
 import pytest
-from trex.evaluation.orgeval import canonical_graph, equivalent_lp, read_lp_text, solve_lp_text, to_networkx
+from trex.verify.orgeval import canonical_graph, equivalent_lp, read_lp_text, solve_lp_text, to_networkx
 
 gp = pytest.importorskip("gurobipy")
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "benchmarks"
@@ -100,7 +100,7 @@ def test_changed_models_are_not_equivalent(tmp_path: Path, change: str) -> None:
         "vtype": variant(vars=lambda vs: [(n, "C" if n == "y" else t, lb, ub, o) for n, t, lb, ub, o in vs]),
         "bound": variant(vars=lambda vs: [(n, t, lb, 9.0 if n == "x" else ub, o) for n, t, lb, ub, o in vs]),
         "objective": variant(sense=lambda s: "min"),
-        # Decided: a row multiplied by a constant is a different formulation (see trex.evaluation.orgeval).
+        # Decided: a row multiplied by a constant is a different formulation (see trex.verify.orgeval).
         "scaled": variant(cons=lambda cs: [(n, {k: 2 * a for k, a in c.items()} if n == "c1" else c, s,
                                             2 * r if n == "c1" else r) for n, c, s, r in cs]),
         "extra_row": variant(cons=lambda cs: [*cs, ("c4", {"x": 1.0}, "<", 10.0)]),
@@ -198,7 +198,7 @@ def test_quadratic_objective_terms_are_part_of_the_structure(tmp_path: Path) -> 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/benchmarks not present")
 def test_gurobi_and_highs_readers_agree_on_bench4opt() -> None:
     from trex.evaluation.benchmarks import load_benchmark
-    from trex.evaluation.orgeval import _read_gurobi, _read_highs, equivalent_models
+    from trex.verify.orgeval import _read_gurobi, _read_highs, equivalent_models
 
     ds = load_benchmark("bench4opt", SHARED / "bench4opt")
     checked = 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, read_json_records, require, require_truth
+from trex.verify.items import Item, read_json_records, require, require_truth
 
 REQUIRED = ("Question", "Answer")
 

@@ -11,7 +11,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from trex.evaluation.benchmarks.base import Item, Truth, sha256_bytes
+from trex.verify.items import Item, Truth, sha256_bytes
 
 FILES = ("wp.txt", "wp_concise.txt", "data.json", "model.lp")
 REQUIRED = ("wp.txt", "data.json", "model.lp")  # two published instances lack wp_concise.txt
@@ -84,7 +84,7 @@ def load(path: Path, text: str = "wp.txt") -> tuple[list[Item], str]:
 
 def reference_truth(lp_text: str) -> Truth:
     """Solve the reference model: optimal value, or the status label the solver proves."""
-    from trex.evaluation.orgeval import solve_lp_text
+    from trex.verify.orgeval import solve_lp_text
 
     status, value = solve_lp_text(lp_text)
     if status == "optimal" and value is not None:

@@ -7,7 +7,7 @@ JSONL, one ``{"en_question", "en_answer", "difficulty"[, "id"]}`` object a line;
 
 from __future__ import annotations
 
-from trex.evaluation.benchmarks.base import Item, read_json_records, require, require_truth
+from trex.verify.items import Item, read_json_records, require, require_truth
 
 REQUIRED = ("en_question", "en_answer")
 DETECT = ("en_question", "en_answer", "difficulty")
