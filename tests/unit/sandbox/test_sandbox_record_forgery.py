@@ -207,3 +207,19 @@ def test_grpo_rewards_only_the_reference_model(reference: str) -> None:
 def test_grpo_import_gate() -> None:
     assert grpo(FORGERIES["random_os_fd4"], ITEM, import_gate=True) == (1.0, 0.0, 0.0, "forbidden_code")
     assert grpo(FORGERIES["random_os_fd4"], ITEM)[3] == "no_solver_call"
+
+
+# In an ungated program, a Python signal handler's frame argument can reach the recorder's frame (as can ctypes
+# memory reads); the import contract of ORData and GRPO refuses both routes.
+SIGNAL_ROUTE = ("import json, signal\nimport gurobipy as gp\nfound = []\ndef handler(signum, frame):\n"
+                "    while frame is not None and not found:\n        if 'mac' in frame.f_locals:\n"
+                "            found.append(frame.f_locals['mac'])\n        frame = frame.f_back\n"
+                "signal.signal(signal.SIGALRM, handler)\nsignal.setitimer(signal.ITIMER_REAL, 5e-5, 5e-5)\n"
+                "m = gp.Model()\nm.optimize()\n") + REPORT
+CTYPES_ROUTE = "import ctypes, json\nctypes.string_at(id(json), 8)\n" + REPORT
+
+
+@pytest.mark.parametrize("code", [SIGNAL_ROUTE, CTYPES_ROUTE])
+def test_in_process_routes_are_refused_by_the_import_contract(code: str) -> None:
+    assert not gates.ast_gate(code, "gurobipy").accepted and not gates.ast_gate(code, "highspy").accepted
+    assert grpo(code, ITEM, import_gate=True) == (1.0, 0.0, 0.0, "forbidden_code")
