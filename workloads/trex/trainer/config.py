@@ -399,7 +399,7 @@ class KernelsConfig(TrexModel):
 
 
 class RewardWeightsConfig(TrexModel):
-    """Weights of the OR verifier's three reward terms (SIRL's 0.5 / 1 / 1 by default)."""
+    """Weights of the OR verifier's three reward terms (SIRL's 0.5 / 1 / 1 by default) and its checks."""
 
     format: float = Field(default=0.5, ge=0)
     """One fenced python block that compiles."""
@@ -407,6 +407,13 @@ class RewardWeightsConfig(TrexModel):
     """The program exited 0 and the sandbox recorded a solve its re-solve confirms."""
     objective: float = Field(default=1.0, ge=0)
     """The recorded solve matches the ground truth under ``protocol``."""
+    structure: bool = True
+    """Where the prompt has a reference model (an ORData prompt's reference answer, a Bench4Opt reference LP),
+    the execution and objective terms also need the recorded model to be that model (ORGEval equivalence): a
+    pinned or trivial model earns the format term only."""
+    import_gate: bool = True
+    """Run only programs within the ORData import contract (allowed names of allowed modules, no private
+    attributes); any other program earns the format term only."""
 
 
 class GRPOConfig(TrexModel):

@@ -28,17 +28,17 @@ from trex.trainer.config import TrainerConfig
 from trex.trainer.parallel.decode import shared_over
 from trex.trainer.rl.grpo import group_advantages, grpo_loss, token_logprobs
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
+from trex.trainer.rl.reward import OUTCOMES as VERIFIER_OUTCOMES
 from trex.trainer.rl.reward import ORVerifier, Reward, RewardWeights, Verifier
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
 from trex.trainer.rollout.wal import RolloutLog
 from trex.verify.items import Item
-from trex.verify.scoring import CATEGORIES
 
 WAL_DIR = "rollouts"
 """Folder under the checkpoint root holding the current step's rollout logs."""
 
-OUTCOMES = CATEGORIES
+OUTCOMES = VERIFIER_OUTCOMES
 """Verifier outcome categories counted per step (summed over ranks by name; others are not counted)."""
 
 
@@ -270,7 +270,8 @@ def default_verifier(cfg: TrainerConfig) -> Verifier:
     g = cfg.grpo
     w = RewardWeights(format=g.reward.format, execution=g.reward.execution, objective=g.reward.objective)
     return ORVerifier(w, protocol=g.protocol, reasoning_mode=cfg.data.reasoning_mode,
-                      workers=g.verifier_workers or None, timeout_s=g.verifier_timeout_s)
+                      workers=g.verifier_workers or None, timeout_s=g.verifier_timeout_s,
+                      structure=g.reward.structure, import_gate=g.reward.import_gate)
 
 
 def summary(steps: Sequence[GRPOStats]) -> dict[str, Any]:
