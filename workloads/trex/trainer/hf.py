@@ -302,7 +302,8 @@ def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> Loa
     (trex.trainer.hfio.load: in one process the slice is the whole tensor). Returns what was read."""
     from trex.trainer.hfio.load import load_sliced
 
-    stats = load_sliced(model, directory)
+    check_hf_compatible(model.args)
+    stats = load_sliced(model, directory, model_state_from_stored)
     for _, gate in model.moe_gates():
         gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
     return stats
@@ -313,7 +314,21 @@ def load_hf_sharded(model: DeepSeekModel, directory: str | os.PathLike[str]) -> 
     shards (FP8/FP4 blocks dequantized per box) and copies them into its local tensors in place."""
     from trex.trainer.hfio.load import load_sliced
 
-    return load_sliced(model, directory)
+    check_hf_compatible(model.args)
+    return load_sliced(model, directory, model_state_from_stored)
+
+
+def model_state_from_stored(model: DeepSeekModel, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stored tensors (V3 HF names; V4 HF or original names) renamed and stacked to ``model``'s names; a V4
+    checkpoint tensor the model lacks is an error naming it."""
+    if model.args.attention == "csa":
+        from trex.trainer.hf_v4 import from_v4_state_dict
+
+        ours, extra = from_v4_state_dict(stored, model.args, list(model.state_dict()))
+        if extra:
+            raise ValueError(f"V4 checkpoint has tensors the model lacks: {sorted(extra)[:5]}")
+        return ours
+    return from_hf_state_dict(model, stored)
 
 
 def args_from_hf_dir(directory: str | os.PathLike[str]) -> ModelArgs:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,10 @@ from trex.trainer.quant_io import dequantized_shape, read_dequantized, scale_sib
 
 if TYPE_CHECKING:
     from trex.trainer.model.model import DeepSeekModel
+
+ToModel = Callable[["DeepSeekModel", dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+"""A layout's mapping from stored tensors to the model's names (trex.trainer.hf.model_state_from_stored); passed
+in so this reader depends on no layout module."""
 
 log = logging.getLogger(__name__)
 
@@ -54,22 +59,13 @@ class LoadStats:
     tensors: int
 
 
-def sources_for(model: DeepSeekModel, keys: list[str]) -> dict[str, Source]:
+def sources_for(model: DeepSeekModel, keys: list[str], to_model: ToModel) -> dict[str, Source]:
     """Each model name the stored tensors ``keys`` (scale siblings excluded) map to, with its source.
 
     The layout's mapping runs on probes: stored tensor i becomes [[i+1, -(i+1)]], so a name that receives [1, 2]
     comes from one tensor, [1, 1] from one half of one (the sign says which), [E, 1, 2] from one per expert."""
     probes = {k: torch.tensor([[i + 1, -(i + 1)]]) for i, k in enumerate(keys)}
-    if model.args.attention == "csa":
-        from trex.trainer.hf_v4 import from_v4_state_dict
-
-        ours, extra = from_v4_state_dict(probes, model.args, list(model.state_dict()))
-        if extra:
-            raise ValueError(f"V4 checkpoint has tensors the model lacks: {sorted(extra)[:5]}")
-    else:
-        from trex.trainer.hf import from_hf_state_dict
-
-        ours = from_hf_state_dict(model, probes)
+    ours = to_model(model, probes)
     out: dict[str, Source] = {}
     for name, p in ours.items():
         if tuple(p.shape) == (1, 2):
@@ -134,20 +130,18 @@ class _Reader:
 
 
 @torch.no_grad()
-def load_sliced(model: DeepSeekModel, directory: str | os.PathLike[str]) -> LoadStats:
+def load_sliced(model: DeepSeekModel, directory: str | os.PathLike[str], to_model: ToModel) -> LoadStats:
     """Fill ``model``'s tensors (parameters and buffers; DTensors or plain) from the checkpoint folder, reading
     only the boxes each rank holds. Missing names (besides the hash routers' unused biases, and the MTP modules
     when the checkpoint has none), extra tensors and shape mismatches raise ValueError naming them."""
-    from trex.trainer.hf import check_hf_compatible
     from trex.trainer.parallel.init import local_indices
 
-    check_hf_compatible(model.args)
     state_names = list(model.state_dict())
     tensors = dict(model.named_parameters()) | dict(model.named_buffers())
     with SafetensorsFolder(directory) as folder:
         scales = scale_siblings(folder.tensors)
         used = set(scales.values())
-        sources = sources_for(model, sorted(k for k in folder.tensors if k not in used))
+        sources = sources_for(model, sorted(k for k in folder.tensors if k not in used), to_model)
         reader = _Reader(folder, scales)
         _check_names(model, state_names, sources)
         for name, src in sources.items():
