@@ -51,6 +51,6 @@ def test_cache_dir_receives_the_spilled_teacher_states(tmp_path: Path, monkeypat
     spills = [p for p in written if p.suffix == ".pt" and p.parent.name.startswith("run-")]
     assert spills and all(p.parent.parent == spill for p in spills), written  # in cacheDir, one run folder
     assert not (tmp_path / "a" / "ckpt" / "teacher-cache").exists()
-    assert [r.opd.cache_spilled_bytes > 0 for r in spilled.history if r.opd] == [True, True]
-    assert [r.opd.cache_spilled_bytes for r in in_memory.history if r.opd] == [0, 0]
+    assert [r.stats.cache_spilled_bytes > 0 for r in spilled.history if r.stats] == [True, True]
+    assert [r.stats.cache_spilled_bytes for r in in_memory.history if r.stats] == [0, 0]
     assert [r.loss for r in spilled.history] == [r.loss for r in in_memory.history]  # spilling loses nothing
