@@ -160,7 +160,9 @@ def test_swap_with_masters_is_bit_identical_at_dp2(runs: dict[str, Any]) -> None
     assert all(torch.equal(v, runs["on-export"][k]) for k, v in runs["off-export"].items())
     assert runs["where-after-export"]["in_host_copy"]
     assert_identical(runs["in-place"], runs["small"])
-    assert_identical(runs["on"], runs["resumed"])
+    # the resumed runs use the small buckets and latency engine: their uninterrupted twin is "small" (the Newton-Schulz
+    # batches follow the buckets, and batched matmuls of other batch sizes may round differently on some CPUs)
+    assert_identical(runs["small"], runs["resumed"])
     assert_identical(runs["hf-off"], runs["hf-on"])
     assert not torch.equal(runs["hf-on"]["param.lm_head.weight"], runs["on"]["param.lm_head.weight"])
     assert all(v.dtype == torch.float32 for k, v in runs["on"].items() if k.startswith("param."))
