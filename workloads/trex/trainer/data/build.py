@@ -49,12 +49,18 @@ def _text_of(rec: dict[str, Any], fmt: str) -> str:
                      if isinstance(t, str))
 
 
-def _encoded(cfg: DataConfig, tok: Tokenizer, fmt: str, records: Iterator[dict[str, Any]]) -> Iterator[EncodedDoc]:
-    """Each record checked against the corpus format and encoded, one at a time."""
-    where = cfg.train or "the demo corpus"
+def _checked(records: Iterator[dict[str, Any]], fmt: str, where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, record), each checked to be of the corpus format, one at a time."""
     for i, r in enumerate(records):
         if record_format(r, f"{where}: record {i + 1}: ") != fmt:
             raise DataError(f"{where}: record {i + 1} is not {fmt!r} like the first record")
+        yield i, r
+
+
+def _encoded(cfg: DataConfig, tok: Tokenizer, fmt: str, records: Iterator[dict[str, Any]]) -> Iterator[EncodedDoc]:
+    """Each record checked against the corpus format and encoded, one at a time."""
+    where = cfg.train or "the demo corpus"
+    for i, r in _checked(records, fmt, where):
         try:
             yield (encode_text(tok, r["text"]) if fmt == "text"
                    else encode_chat(tok, r["messages"], cfg.reasoning_mode, cfg.think_max_prompt))
@@ -71,7 +77,7 @@ def prepare(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokenizer
     vocab = min(cfg.tokenizer.vocab_size, max_vocab)
 
     def texts() -> Iterator[str]:  # read only where the tokenizer is trained
-        for r in records():
+        for _, r in _checked(records(), fmt, cfg.train or "the demo corpus"):
             yield _text_of(r, fmt)
 
     tok = load_or_train(cfg.tokenizer.path, texts(), vocab, cache_dir, corpus_id, cfg.reasoning_mode is not None)

@@ -84,7 +84,7 @@ class TokenStore:
     """A store opened read-only: the index in memory (two int64 per document), tokens memory-mapped.
 
     Indexable like a list of :class:`EncodedDoc`; :meth:`read` returns a token range of one document and
-    counts the bytes it touched (``bytes_read``), which is what a rank reads of the corpus."""
+    counts the bytes it touched (``bytes_read``): what a rank reads of the corpus's tokens."""
 
     def __init__(self, path: Path, key: str | None = None) -> None:
         meta_file = path / "meta.json"
@@ -104,8 +104,9 @@ class TokenStore:
         self.offsets = idx[:n + 1]
         self.lengths = np.diff(self.offsets)
         self.first_targets = idx[n + 1:]
-        self.bytes_read = int(idx.nbytes) + meta_file.stat().st_size
-        """Bytes of the store this process has read: header, index, and the token ranges served by :meth:`read`."""
+        self.bytes_read = 0
+        """Token and mask bytes served by :meth:`read` (memory-mapped, so /proc/self/io's rchar misses them; the
+        header and index are read with ordinary reads)."""
         self.ids = np.memmap(path / "data.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(total,))
         mask_file = path / "data.mask.bin"
         self.mask = np.memmap(mask_file, dtype=np.int8, mode="r", shape=(total,)) if mask_file.is_file() else None
