@@ -18,8 +18,10 @@ from tokenizers import Tokenizer
 from trex.prompt_contract import PAD
 from trex.text.chat import EncodedDoc, encode_chat, encode_text
 from trex.trainer.config import DataConfig
+from trex.trainer.data.loader import PackedLoader
 from trex.trainer.data.packing import Stream, concat, fit, pack_samples, window
 from trex.trainer.data.sources import load_records
+from trex.trainer.data.store import TokenStore
 
 
 class MemoryPackedLoader:
@@ -176,29 +178,23 @@ def _rchar() -> int:
 
 
 def _startup_and_epoch(kind: str, cfg: DataConfig, tokenizer_file: str, store_dir: str, rank: int, world: int,
-                       batch: int) -> int:
-    """Data start-up of one rank and one epoch of its batches; returns the store bytes read through mmap."""
+                       batch: int, max_steps: int | None = None) -> None:
+    """Data start-up of one rank and one epoch of its batches (at most ``max_steps``)."""
     if kind == "memory":
         loader: Any = memory_loader(cfg, Tokenizer.from_file(tokenizer_file))
-        mapped = None
     else:
-        from trex.trainer.data.loader import PackedLoader
-        from trex.trainer.data.store import TokenStore
-
-        mapped = TokenStore(Path(store_dir))
-        loader = PackedLoader(mapped, cfg.seed)
+        loader = PackedLoader(TokenStore(Path(store_dir)), cfg.seed)
     steps = (loader.total_tokens - 1) // (batch * world * cfg.seq_len)
-    for _ in range(steps):
+    for _ in range(steps if max_steps is None else min(steps, max_steps)):
         loader.next_batch(batch, cfg.seq_len, rank, world)
-    return 0 if mapped is None else mapped.bytes_read
 
 
 def _child(conn: Any, kind: str, cfg: DataConfig, tokenizer_file: str, store_dir: str, rank: int, world: int,
            batch: int) -> None:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     base, r0 = _status_kb("VmRSS"), _rchar()
-    mapped = _startup_and_epoch(kind, cfg, tokenizer_file, store_dir, rank, world, batch)
-    conn.send({"peak_bytes": (_status_kb("VmHWM") - base) * 1024, "bytes_read": _rchar() - r0 + mapped})
+    _startup_and_epoch(kind, cfg, tokenizer_file, store_dir, rank, world, batch)
+    conn.send({"peak_bytes": (_status_kb("VmHWM") - base) * 1024, "bytes_read": _rchar() - r0})
     conn.close()
 
 
@@ -217,12 +213,15 @@ def measure_rank(kind: str, cfg: DataConfig, tokenizer_file: str, store_dir: str
 
 def measure(kinds: Sequence[str], cfg: DataConfig, tokenizer_file: str, store_dir: str,
             worlds: Sequence[int] = (1, 2, 4), log: Callable[[str], None] | None = None) -> dict[str, dict[int, dict[str, int]]]:
-    """Per path and world size: the maximum over ranks of peak RSS growth and bytes read."""
+    """Per path and world size: the maximum over ranks of peak RSS growth and bytes read (today's path measured
+    on rank 0 only: every rank reads and encodes the whole corpus alike)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _startup_and_epoch("store", cfg, tokenizer_file, store_dir, 0, 1, 2, max_steps=1)  # first-call code pages
     out: dict[str, dict[int, dict[str, int]]] = {}
     for kind in kinds:
         for world in worlds:
-            ranks = [measure_rank(kind, cfg, tokenizer_file, store_dir, r, world) for r in range(world)]
+            every = range(world) if kind == "store" else [0]  # today's path does the same on every rank
+            ranks = [measure_rank(kind, cfg, tokenizer_file, store_dir, r, world) for r in every]
             out.setdefault(kind, {})[world] = {k: max(r[k] for r in ranks) for k in ("peak_bytes", "bytes_read")}
             if log is not None:
                 log(f"{kind:6s} world {world}: peak RSS {out[kind][world]['peak_bytes'] / 2**20:8.1f} MiB, "

@@ -1,6 +1,6 @@
 """Turn config.data into a tokenizer and a packed loader over a token store (demo corpus when data.train is unset).
 
-The corpus is tokenised once into a memory-mapped :mod:`~trex.trainer.data.store` (by `trex data prepare`, or
+The corpus is tokenised once into a token store (:mod:`~trex.trainer.data.store`; by `trex data prepare`, or
 here by rank 0 while the other ranks wait at a barrier); every rank then reads only the windows it trains.
 Text corpora stream through :class:`PackedLoader`; chat (SFT) corpora go through :class:`SampleLoader`,
 which never separates a sample's prompt from its answer.

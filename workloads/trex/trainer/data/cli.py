@@ -51,5 +51,5 @@ def main(argv: list[str]) -> int:
         print(f"trex data prepare: {e}", file=sys.stderr)
         return 1
     print(f"token store {store.path}: {len(store)} {fmt} documents, {store.total_tokens} tokens "
-          f"({store.ids.dtype.name})")
+          f"({store.dtype.name})")
     return 0

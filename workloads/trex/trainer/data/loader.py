@@ -6,7 +6,7 @@ packs whole samples per window.
 State is (epoch, offset in tokens into that epoch's stream); a resumed loader yields exactly the
 batches the uninterrupted one would have.
 
-Both read documents through :class:`Docs` (a list in memory, or a memory-mapped
+Both read documents through :class:`Docs` (a list in memory, or a
 :class:`~trex.trainer.data.store.TokenStore`): the order and the packing are computed from document lengths
 alone, and only the tokens of this rank's windows are read.
 """

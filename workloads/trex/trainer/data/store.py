@@ -1,4 +1,4 @@
-"""Pre-tokenised token store: written once, memory-mapped by every rank, which reads only its own windows.
+"""Pre-tokenised token store: written once, then every rank reads only the token ranges of its own windows.
 
 The layout follows Megatron's indexed dataset: ``data.bin`` holds every document's token ids back to back (uint16
 when the vocabulary fits, else uint32), ``data.mask.bin`` the per-token loss mask (chat only: text trains on
@@ -6,6 +6,11 @@ every token), ``data.idx`` the document index (int64 offsets, then int64 first-t
 ``meta.json`` a small header (version, dtype, counts, format, key). The directory is named by a key hashing the
 sources' fingerprint, the tokenizer's bytes and the encoding settings, so a stale store is never read; it is
 written under a temporary name and renamed into place, so a reader sees a whole store or none.
+
+Readers hold the index in memory and fetch tokens with positional reads (``pread``) of exactly a window's
+byte range. A memory map would serve the same bytes, but the kernel maps cached file pages a whole folio at a
+time (up to 2 MiB), so with ranks' windows interleaved every rank's resident set would grow towards the whole
+file; positional reads keep a rank's memory and reads at its windows.
 """
 
 from __future__ import annotations
@@ -81,10 +86,10 @@ def write_store(path: Path, docs: Iterator[EncodedDoc], fmt: str, vocab_size: in
 
 
 class TokenStore:
-    """A store opened read-only: the index in memory (two int64 per document), tokens memory-mapped.
+    """A store opened read-only: the index in memory (two int64 per document), tokens read on demand.
 
-    Indexable like a list of :class:`EncodedDoc`; :meth:`read` returns a token range of one document and
-    counts the bytes it touched (``bytes_read``): what a rank reads of the corpus's tokens."""
+    Indexable like a list of :class:`EncodedDoc`; :meth:`read` returns a token range of one document (one
+    positional read of its ids, one of its mask) and counts the bytes (``bytes_read``)."""
 
     def __init__(self, path: Path, key: str | None = None) -> None:
         meta_file = path / "meta.json"
@@ -105,11 +110,11 @@ class TokenStore:
         self.lengths = np.diff(self.offsets)
         self.first_targets = idx[n + 1:]
         self.bytes_read = 0
-        """Token and mask bytes served by :meth:`read` (memory-mapped, so /proc/self/io's rchar misses them; the
-        header and index are read with ordinary reads)."""
-        self.ids = np.memmap(path / "data.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(total,))
+        """Token and mask bytes read by :meth:`read` (the header and index are read once at open)."""
+        self.dtype = np.dtype(meta["dtype"])
+        self._ids = open(path / "data.bin", "rb", buffering=0)
         mask_file = path / "data.mask.bin"
-        self.mask = np.memmap(mask_file, dtype=np.int8, mode="r", shape=(total,)) if mask_file.is_file() else None
+        self._mask = open(mask_file, "rb", buffering=0) if mask_file.is_file() else None
         self.total_tokens = total
 
     def __len__(self) -> int:
@@ -117,12 +122,17 @@ class TokenStore:
 
     def read(self, i: int, start: int = 0, stop: int | None = None) -> EncodedDoc:
         """Tokens [start, stop) of document ``i`` (the whole document by default)."""
-        a = int(self.offsets[i])
-        end = a + int(self.lengths[i]) if stop is None else a + stop
-        ids = np.asarray(self.ids[a + start:end], dtype=np.int64)
-        mask = (np.ones(ids.shape[0], np.int8) if self.mask is None
-                else np.asarray(self.mask[a + start:end], dtype=np.int8))
-        self.bytes_read += ids.shape[0] * (self.ids.itemsize + (0 if self.mask is None else 1))
+        a = int(self.offsets[i]) + start
+        n = (int(self.lengths[i]) if stop is None else stop) - start
+        raw = os.pread(self._ids.fileno(), n * self.dtype.itemsize, a * self.dtype.itemsize)
+        ids = np.frombuffer(raw, dtype=self.dtype).astype(np.int64)
+        if self._mask is None:
+            mask = np.ones(n, np.int8)
+        else:
+            mask = np.frombuffer(os.pread(self._mask.fileno(), n, a), dtype=np.int8).copy()
+        if ids.shape[0] != n or mask.shape[0] != n:
+            raise ValueError(f"token store {self.path}: short read of document {i} (truncated data file?)")
+        self.bytes_read += n * (self.dtype.itemsize + (0 if self._mask is None else 1))
         return EncodedDoc(ids, mask)
 
     def __getitem__(self, i: int) -> EncodedDoc:
