@@ -150,6 +150,7 @@ def test_data_prepare_then_train_encodes_nothing(tmp_path: Path, monkeypatch: py
     conf.write_text(json.dumps({"model": {"preset": "tiny"}, "data": {"train": str(bad)}}))
     assert main(["data", "prepare", "--config", str(conf), "--out", str(tmp_path / "run")]) == 1
     assert "record 2 is not 'text' like the first record" in capsys.readouterr().err
+    assert not [p for p in (tmp_path / "run" / "tokenizer").iterdir() if p.name.startswith("store-")]  # no partial store
 
     def boom(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("training start-up encoded or trained something")

@@ -57,6 +57,22 @@ def write_store(path: Path, docs: Iterator[EncodedDoc], fmt: str, vocab_size: in
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        _write(tmp, docs, fmt, dtype, key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        raise
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another writer renamed its (identical) store first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (path / "meta.json").is_file():
+            raise
+    return path
+
+
+def _write(tmp: Path, docs: Iterator[EncodedDoc], fmt: str, dtype: np.dtype[Any], key: str) -> None:
+    """The store's files in ``tmp``, each flushed to disk before the caller renames the directory."""
     offsets = [0]
     firsts: list[int] = []
     with open(tmp / "data.bin", "wb") as fb, open(tmp / "data.mask.bin", "wb") as fm:
@@ -76,13 +92,9 @@ def write_store(path: Path, docs: Iterator[EncodedDoc], fmt: str, vocab_size: in
     meta = {"version": STORE_VERSION, "dtype": dtype.name, "docs": len(firsts), "tokens": offsets[-1],
             "format": fmt, "key": key}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-    try:
-        os.replace(tmp, path)
-    except OSError:  # another writer renamed its (identical) store first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (path / "meta.json").is_file():
-            raise
-    return path
+    for name in ("data.idx", "meta.json"):
+        with open(tmp / name, "rb") as done:
+            os.fsync(done.fileno())
 
 
 class TokenStore:
