@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "get": ("trex_operator.validate", "Show manifests as `kubectl get` would list them (offline)."),
     "operator": ("trex_operator.cli", "Run the operator (`trex operator run`)."),
     "train": ("trex.trainer.cli", "Train a model from a TrainerConfig YAML on the local device."),
+    "data": ("trex.trainer.data.cli", "Prepare training data once: `trex data prepare --config FILE`."),
     "plan": ("trex_operator.plan_cli", "Per-device memory plan of a TrainJob or trainer config, and whether it fits."),
     "mfu": ("trex.trainer.mfu_cli", "Parameters, FLOPs per token and MFU for a preset."),
     "kernels": ("trex.kernels.cli", "AuraKernel: tune kernels (`tune`) and report (`report`)."),

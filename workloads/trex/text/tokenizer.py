@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -52,7 +53,8 @@ def check_specials(tok: Tokenizer, where: str, reasoning: bool = False) -> None:
 
 def load_or_train(path: str | None, texts: Iterable[str], vocab_size: int, cache_dir: Path,
                   corpus_id: str, reasoning: bool = False) -> Tokenizer:
-    """``path`` when given, else the cached BPE for (corpus, vocab) in ``cache_dir``, training it on a miss."""
+    """``path`` when given, else the cached BPE for (corpus, vocab) in ``cache_dir``, training it on a miss
+    (under torch.distributed: rank 0 trains and writes it, the other ranks wait and read it)."""
     if path is not None:
         if not Path(path).is_file():
             raise ValueError(f"data.tokenizer.path: {path} does not exist")
@@ -62,13 +64,39 @@ def load_or_train(path: str | None, texts: Iterable[str], vocab_size: int, cache
     spec = f"{corpus_id}:{vocab_size}:{','.join(specials(reasoning))}:{PRETOKENIZER_VERSION}"
     key = hashlib.sha256(spec.encode()).hexdigest()[:16]
     cached = cache_dir / f"tokenizer-{key}.json"
-    if cached.is_file():
-        return Tokenizer.from_file(str(cached))
+    if not cached.is_file():
+        run_once(lambda: _train_to(cached, texts, vocab_size, reasoning), cached.is_file, f"the tokenizer {cached}")
+    return Tokenizer.from_file(str(cached))
+
+
+def _train_to(cached: Path, texts: Iterable[str], vocab_size: int, reasoning: bool) -> None:
+    """Train the BPE and write it atomically (temporary file, fsync, rename)."""
     tok = train_bpe(texts, vocab_size, reasoning)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, cached)
-    return tok
+
+
+def run_once(make: Callable[[], object], done: Callable[[], bool], what: str) -> None:
+    """Run ``make`` on one rank: rank 0 of an initialised torch.distributed job while the others wait at a
+    barrier (then check ``done``), or this process alone. A failure on rank 0 is raised there; a rank that
+    does not see what rank 0 made (its directory is not shared with rank 0) makes its own copy (the writes
+    are atomic and deterministic, so copies agree)."""
+    dist = sys.modules.get("torch.distributed")  # only a process that already joined a job has it imported
+    if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        make()
+        return
+    if dist.get_rank() == 0:
+        try:
+            make()
+        finally:
+            dist.barrier()
+        return
+    dist.barrier()
+    if not done():
+        print(f"rank {dist.get_rank()}: {what} not visible after rank 0 made it; making it here",
+              file=sys.stderr, flush=True)
+        make()

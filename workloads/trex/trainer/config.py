@@ -325,6 +325,9 @@ class DataConfig(TrexModel):
     """Record format: {"text": ...} or {"messages": [...]} (auto = detect)."""
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     """Tokenizer."""
+    store_dir: str | None = None
+    """Directory of pre-tokenised token stores (`trex data prepare` writes one there, training reads it; each is
+    named by a hash of the sources, tokenizer and encoding settings); unset = the run's tokenizer cache."""
     seq_len: int = Field(default=128, gt=0, le=1_048_576)
     """Packed sequence length (tokens)."""
     seq_len_curriculum: list[SeqLenStep] = Field(default_factory=list)

@@ -76,9 +76,14 @@ def fit(doc: EncodedDoc, seq_len: int) -> str:
     """The packing policy for one sample and window length: "whole" when the sample fits (len <= seq_len);
     else "truncated" when its prompt ends inside the window (the answer's tail is cut, loss on the kept
     answer tokens); else "dropped" (a window of prompt only teaches nothing)."""
-    if len(doc.ids) <= seq_len:
+    return fit_len(len(doc.ids), first_target(doc), seq_len)
+
+
+def fit_len(length: int, first: int, seq_len: int) -> str:
+    """:func:`fit` from a sample's length and first loss-token position (what a token store's index holds)."""
+    if length <= seq_len:
         return "whole"
-    return "truncated" if first_target(doc) <= seq_len else "dropped"
+    return "truncated" if first <= seq_len else "dropped"
 
 
 def policy_counts(docs: Sequence[EncodedDoc], seq_len: int) -> dict[str, int]:
