@@ -199,7 +199,7 @@ async def test_every_category_is_classified_exactly(tmp_path: Path) -> None:
     assert row.rstrip(" |").split(" | ")[-1] == "+0.0 pp"
     assert "Answers scored: solver-recorded" in md
     forged = next(r for r in records if CASES_BY_QUESTION[r["item_id"]] == "forged_record")
-    assert "not confirmed" in forged["reason"] and forged["execution"]["printed"]["objective"] == 2.8
+    assert "solve records refused" in forged["reason"] and forged["execution"]["printed"]["objective"] == 2.8
 
 
 CASES_BY_QUESTION = {str(i): case for i, case in enumerate(CASES)}
