@@ -456,15 +456,9 @@ class Trainer:
         """The checkpoint's before-commit hook writing a Hugging Face export into it (modelFrom.step)."""
         if not self.cfg.checkpoint.export_hf_every:
             return None
-        from trex.trainer.export import export_hf
+        from trex.trainer.export import staged_export
 
-        model = self.export_model()  # gathered on every rank before the save; only rank 0 writes
-
-        def write(step_dir: Path) -> None:
-            if model is not None:
-                export_hf(model, self.tokenizer, step_dir / "hf")
-
-        return write
+        return staged_export(self, self.ckpt.root / f"hf-step-{self.step:08d}")  # every rank writes its part now
 
     # --- state --------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
