@@ -231,3 +231,25 @@ def test_export_peak_memory_per_rank_falls_with_the_world_size(tmp_path: Path) -
     assert peaks[1] > 40 * 1024**2  # the fp32 model
     for world in (2, 4):
         assert peaks[world] <= peaks[1] / world * 1.15 + 8 * 1024**2, (world, peaks)
+
+
+def test_fp4_export_of_a_shape_it_cannot_store_names_the_field(tmp_path: Path) -> None:
+    """Refused before anything is written, naming checkpoint.exportQuant and the tensor."""
+    from trex.trainer.hf_export import save_hf_distributed
+    from trex.trainer.model import build_model
+
+    cfg = load_section(TrainerConfig, {"model": {"preset": "tiny", "overrides": {"moeIntermediateSize": 16}}})
+    model = build_model(cfg.model, dtype=torch.float32, seed=0)
+    state = model.state_dict()
+    with pytest.raises(ValueError, match=r"checkpoint.exportQuant=fp8-fp4: .*experts.*16 input columns"):
+        save_hf_distributed(state, model.args, tmp_path, {k: v.dtype for k, v in state.items()}, quant="fp8-fp4")
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match=r"checkpoint\.exportQuant='fp4'"):
+        save_hf_distributed(state, model.args, tmp_path, {k: v.dtype for k, v in state.items()}, quant="fp4")
+
+
+def test_export_quant_rejects_an_unknown_mode_naming_the_field(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="exportQuant"):
+        _cfg(tmp_path, {}, "fp4")

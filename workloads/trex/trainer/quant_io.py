@@ -45,6 +45,9 @@ def quantized_entries(key: str, shape: tuple[int, ...], kind: str | None,
         return [(key, shape, dtype)]
     lead, (rows, cols) = shape[:-2], shape[-2:]
     if kind == "fp4":
+        if cols % FP4_BLOCK:
+            raise ValueError(f"checkpoint.exportQuant=fp8-fp4: {key} has {cols} input columns; FP4 stores 1 x "
+                             f"{FP4_BLOCK} blocks (use fp8)")
         return [(key, (*lead, rows, cols // 2), torch.int8),
                 (_scale_name(key), (*lead, rows, cols // FP4_BLOCK), torch.float32)]
     grid = (*lead, -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
