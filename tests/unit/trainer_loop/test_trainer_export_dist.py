@@ -25,6 +25,10 @@ WORLD2 = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "ep2": {"ep": 2}}
 WORLD4 = {"tp2-ep2": {"tp": 2, "ep": 2}}
 """At four ranks: two data-parallel ranks of two tp ranks each, experts over ep pairs across them."""
 QUANTS = ("none", "fp8", "fp8-fp4")
+V4: dict[str, Any] = {"preset": "tiny", "dtype": "bf16", "overrides": {
+    "attention": "csa", "qLoraRank": 32, "vHeadDim": 24, "hcMult": 2, "scoring": "sqrt-softplus", "nHashLayers": 1,
+    "numLayers": 2, "layerTypes": ["csa", "hca"]}}
+"""A DeepSeek-V4 shape (gate_up_proj joins two parameters; tp splits o_a rows and sinks), exported fp8-fp4."""
 
 
 def _cfg(root: Path, layout: dict[str, Any], quant: str, model: dict[str, Any] = MODEL) -> TrainerConfig:
@@ -70,6 +74,10 @@ def _worker(rank: int, world: int, out: str) -> None:
                 tr = Trainer(_cfg(root / f"{name}-{quant}", layout, quant), root, group=dist.group.WORLD,
                              measure_peak=False, log=lambda _m: None)
                 export_trainer(tr, root / f"{name}-{quant}" / "hf")
+            if world == 2 and name != "dp2":
+                tr = Trainer(_cfg(root / f"v4-{name}", layout, "fp8-fp4", V4), root, group=dist.group.WORLD,
+                             measure_peak=False, log=lambda _m: None)
+                export_trainer(tr, root / f"v4-{name}" / "hf")
     finally:
         dist.destroy_process_group()
 
@@ -80,6 +88,8 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for quant in QUANTS:
         tr = Trainer(_cfg(root / f"single-{quant}", {}, quant), root, measure_peak=False, log=lambda _m: None)
         export_trainer(tr, root / f"single-{quant}" / "hf")
+    tr = Trainer(_cfg(root / "v4-single", {}, "fp8-fp4", V4), root, measure_peak=False, log=lambda _m: None)
+    export_trainer(tr, root / "v4-single" / "hf")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for world in (2, 4):
         mp.spawn(_worker, args=(world, str(root)), nprocs=world, join=True)  # type: ignore[attr-defined,no-untyped-call]
@@ -95,6 +105,13 @@ def test_distributed_export_equals_single_process_bit_for_bit(exports: Path, lay
     assert json.loads((got / "config.json").read_text()).get("quantization_config", {}).get(
         "expert_dtype") == ("fp4" if quant == "fp8-fp4" else None)
     assert (got / "tokenizer.json").exists() and not got.with_name("hf.partial").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["tp2", "ep2"])
+def test_distributed_v4_fp4_export_equals_single_process_bit_for_bit(exports: Path, layout: str) -> None:
+    _assert_same(exports / f"v4-{layout}" / "hf", exports / "v4-single" / "hf")
+    assert any(t.dtype == torch.int8 for t in _tensors(exports / "v4-single" / "hf").values())
 
 
 @pytest.mark.slow
