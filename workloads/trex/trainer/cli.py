@@ -169,18 +169,17 @@ def finite_or_none(x: float | None) -> float | None:
 
 def _export(trainer: Any) -> str | None:
     """Hugging Face export next to the checkpoints (None, with a log line, when the shape has none); called on
-    every rank, written by rank 0."""
-    from trex.trainer.export import export_hf, export_problem
+    every rank, each writing the tensors it owns."""
+    from trex.trainer.export import export_problem, export_trainer
 
     problem = export_problem(trainer.model)
     if problem is not None:
         if trainer.rank == 0:
             print(f"trex train: no Hugging Face export: {problem}", file=sys.stderr)
         return None
-    model = trainer.export_model()  # gathered from every rank's shards; rank 0 writes
-    if model is None:
+    path = export_trainer(trainer, trainer.ckpt_dir / "hf")  # every rank writes the tensors it owns
+    if trainer.rank != 0:
         return None
-    path = export_hf(model, trainer.tokenizer, trainer.ckpt_dir / "hf")
     print(f"trex train: Hugging Face export written to {path}", file=sys.stderr)
     return str(path)
 

@@ -376,6 +376,10 @@ class CheckpointConfig(TrexModel):
     """At the end of a successful run, write a Hugging Face export (DeepSeek-V3 or -V4 safetensors, tokenizer,
     chat template) to <dir>/hf when the model has a transformers equivalent (mla: DeepseekV3 with sigmoid
     routing, hcMult 1, no hash layers; csa: DeepseekV4); other shapes are skipped with a log line."""
+    export_quant: Literal["none", "fp8", "fp8-fp4"] = "none"
+    """Weights of the Hugging Face export: none (the model dtype), fp8 (GEMM weights as FP8 e4m3 with one scale
+    per 128 x 128 block, `weight_scale_inv`) or fp8-fp4 (also the routed experts as FP4 e2m1, two per byte, one
+    scale per 1 x 32): DeepSeek's release layout, which initFromHf reads back."""
     export_hf_every: bool = False
     """Also write the Hugging Face export into every saved checkpoint (<dir>/step-N/hf, covered by its
     manifest), so an EvalJob can evaluate one step (modelFrom.step). Costs one model-sized write per

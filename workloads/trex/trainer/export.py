@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,26 +50,76 @@ def save_tokenizer(tokenizer: Any, directory: Path, max_len: int) -> None:
     })
 
 
-def export_hf(model: Any, tokenizer: Any, directory: str | os.PathLike[str]) -> Path:
+def export_hf(model: Any, tokenizer: Any, directory: str | os.PathLike[str], quant: str = "none",
+              dtypes: Mapping[str, Any] | None = None) -> Path:
     """Write the export into ``directory`` atomically (built beside it, then renamed into place).
 
-    ``tokenizer`` is the trainer's `tokenizers.Tokenizer` (with the trainer's special tokens).
-    Raises ValueError naming the model field when the shape has no transformers equivalent.
+    Collective when torch.distributed is initialised: every rank calls it with its part of the model (a
+    distributed model's DTensor shards, or the whole plain model) and writes the tensors it owns
+    (trex.trainer.hf_export); rank 0 writes the index, config, tokenizer and renames. ``tokenizer`` is the
+    trainer's `tokenizers.Tokenizer` (with the trainer's special tokens). ``quant``: none (the model dtype),
+    fp8 or fp8-fp4 (checkpoint.exportQuant). ``dtypes``: the stored dtype per state-dict name (default: each
+    tensor's own). Raises ValueError naming the model field when the shape has no transformers equivalent.
     """
-    from trex.trainer.hf import save_hf
+    import torch.distributed as dist
+
+    from trex.trainer.hf_export import save_hf_distributed
 
     problem = export_problem(model)
     if problem is not None:
         raise ValueError(problem)
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    rank = dist.get_rank() if distributed else 0
     final = Path(directory)
     staging = final.with_name(final.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    save_hf(model, staging)
-    save_tokenizer(tokenizer, staging, int(model.args.max_seq_len))
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    staging.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    if distributed:
+        dist.barrier()
+    state = model.state_dict()
+    save_hf_distributed(state, model.args, staging, dtypes or {k: v.dtype for k, v in state.items()}, quant=quant)
+    if distributed:
+        dist.barrier()
+    if rank == 0:
+        save_tokenizer(tokenizer, staging, int(model.args.max_seq_len))
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    if distributed:
+        dist.barrier()
     return final
+
+
+def export_trainer(trainer: Any, directory: str | os.PathLike[str]) -> Path:
+    """export_hf of a Trainer's model on every rank (collective): each rank writes from its own shards, in
+    the model dtype (fp32 masters cast as a plain model would hold them), quantised as checkpoint.exportQuant."""
+    import contextlib
+
+    from trex.runtime.device import torch_dtype
+    from trex.trainer.model import build_model
+    from trex.trainer.optim.swap import SwapOptimizers
+
+    cfg = trainer.cfg
+    dtypes = None
+    if trainer.meshes is not None:
+        plain = build_model(cfg.model, device="meta", dtype=torch_dtype(cfg.model.dtype), seed=cfg.seed)
+        dtypes = {k: v.dtype for k, v in plain.state_dict().items()}
+    on = trainer.opts.masters_on_device() if isinstance(trainer.opts, SwapOptimizers) else contextlib.nullcontext()
+    with on:  # the shards are read (and sent) on the device
+        return export_hf(trainer.model, trainer.tokenizer, directory, quant=cfg.checkpoint.export_quant,
+                         dtypes=dtypes)
+
+
+def staged_export(trainer: Any, staging: Path) -> Callable[[Path], None]:
+    """Write the trainer's export into ``staging`` now (every rank, collective) and return the checkpoint's
+    before-commit hook (rank 0) that moves it into the step being committed (``<step>/hf``)."""
+    export_trainer(trainer, staging)
+
+    def move(step_dir: Path) -> None:
+        staging.rename(step_dir / "hf")
+
+    return move

@@ -163,6 +163,35 @@ def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
 _MTP_RENAME = {"hnorm": "hnorm", "enorm": "enorm", "eh_proj": "eh_proj", "norm": "shared_head.norm"}
 
 
+def v3_stored_name(name: str, n_layers: int) -> str:
+    """One of our state-dict names -> its DeepSeek-V3 HF name; for a stacked expert tensor a format string with
+    ``{e}`` where the expert's index goes (the HF layout has one tensor per expert)."""
+    if name == "lm_head.weight":
+        return name
+    m = re.match(r"mtp\.(\d+)\.(.*)$", name)
+    if m:
+        rest = m.group(2)
+        head = rest.split(".")[0]
+        if head in _MTP_RENAME:
+            rest = _MTP_RENAME[head] + rest[len(head):]
+        elif rest.startswith("block."):
+            rest = rest[len("block."):]
+        name = f"layers.{n_layers + int(m.group(1))}.{rest}"
+    em = re.match(r"(layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$", name)
+    if em:
+        return f"model.{em.group(1)}.{{e}}.{em.group(2)}.weight"
+    return f"model.{name}"
+
+
+def v3_mtp_copies(n_layers: int, mtp_depth: int) -> dict[str, str]:
+    """The DeepSeek-V3 layout's per-MTP-layer copies of the embedding and the head: HF name -> our name."""
+    out: dict[str, str] = {}
+    for k in range(mtp_depth):
+        out[f"model.layers.{n_layers + k}.embed_tokens.weight"] = "embed_tokens.weight"
+        out[f"model.layers.{n_layers + k}.shared_head.head.weight"] = "lm_head.weight"
+    return out
+
+
 def to_hf_state_dict(model: DeepSeekModel, layout: str = "hf") -> dict[str, torch.Tensor]:
     """Our state dict under the HF names (V3: experts unstacked, views) or, for V4, ``layout`` 'hf' or
     'original' (DeepSeek's names)."""
@@ -173,31 +202,17 @@ def to_hf_state_dict(model: DeepSeekModel, layout: str = "hf") -> dict[str, torc
         return to_v4_state_dict(model.state_dict(), model.args, original=layout == "original")
     if layout != "hf":
         raise ValueError(f"layout={layout!r}: DeepSeek-V3 checkpoints are written with the HF names only")
-    n_layers = model.args.num_layers
+    state = model.state_dict()
     out: dict[str, torch.Tensor] = {}
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight":
-            out[name] = t
-            continue
-        m = re.match(r"mtp\.(\d+)\.(.*)$", name)
-        if m:
-            layer = n_layers + int(m.group(1))
-            rest = m.group(2)
-            head = rest.split(".")[0]
-            if head in _MTP_RENAME:
-                rest = _MTP_RENAME[head] + rest[len(head):]
-            elif rest.startswith("block."):
-                rest = rest[len("block."):]
-            name = f"layers.{layer}.{rest}"
-        em = re.match(r"(layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$", name)
-        if em:
+    for name, t in state.items():
+        stored = v3_stored_name(name, model.args.num_layers)
+        if "{e}" in stored:
             for e in range(t.shape[0]):
-                out[f"model.{em.group(1)}.{e}.{em.group(2)}.weight"] = t[e]
-            continue
-        out[f"model.{name}"] = t
-    for k in range(model.args.mtp_depth):
-        out[f"model.layers.{n_layers + k}.embed_tokens.weight"] = model.embed_tokens.weight
-        out[f"model.layers.{n_layers + k}.shared_head.head.weight"] = model.lm_head.weight
+                out[stored.format(e=e)] = t[e]
+        else:
+            out[stored] = t
+    for hf_name, ours in v3_mtp_copies(model.args.num_layers, model.args.mtp_depth).items():
+        out[hf_name] = state[ours]
     return out
 
 

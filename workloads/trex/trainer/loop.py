@@ -32,17 +32,15 @@ from trex.runtime.device import (
     set_deterministic,
     set_rng_state,
     supports_dtype,
-    torch_dtype,
 )
 from trex.telemetry.exporter import Exporter
 from trex.telemetry.jsonl import JsonlLog
 from trex.trainer import mfu as mfu_mod
 from trex.trainer.build import build_checkpointer, build_layout, build_model_and_optimizers, ns_dtype
 from trex.trainer.config import TrainerConfig, resolved_model_values
-from trex.trainer.export import export_hf
 from trex.trainer.hf import load_hf_into, load_hf_sharded
 from trex.trainer.kernels import install_for
-from trex.trainer.model import build_model, update_expert_bias
+from trex.trainer.model import update_expert_bias
 from trex.trainer.modes import build_objective
 from trex.trainer.objective import RunContext, Series, load_cv
 from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, schedule_factor
@@ -251,30 +249,13 @@ class Trainer:
             state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
-    def export_model(self) -> nn.Module | None:
-        """A plain (undistributed) copy of the model for the Hugging Face export: the model itself in one
-        process; with a distributed model, a CPU copy on rank 0 and None elsewhere (call on every rank)."""
-        if self.meshes is None:
-            return self.model
-        state = self.full_state_dict()
-        if self.rank != 0:
-            return None
-        plain = build_model(self.cfg.model, device="meta", dtype=torch_dtype(self.cfg.model.dtype), seed=self.cfg.seed)
-        plain = plain.to_empty(device="cpu")
-        plain.load_state_dict(state)  # copies cast the fp32 masters to the model dtype
-        return plain
-
     def _exporter(self) -> Callable[[Path], None] | None:
         """The checkpoint's before-commit hook writing a Hugging Face export into it (modelFrom.step)."""
         if not self.cfg.checkpoint.export_hf_every:
             return None
-        model = self.export_model()  # gathered on every rank before the save; only rank 0 writes
+        from trex.trainer.export import staged_export
 
-        def write(step_dir: Path) -> None:
-            if model is not None:
-                export_hf(model, self.tokenizer, step_dir / "hf")
-
-        return write
+        return staged_export(self, self.ckpt.root / f"hf-step-{self.step:08d}")  # every rank writes its part now
 
     # --- state --------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

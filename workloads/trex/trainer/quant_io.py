@@ -20,11 +20,40 @@ _NOT_QUANTIZED = re.compile(
     r"hc_|_hc\.|sinks|attn_sink|position_bias|ape|tid2eid|bias|eh_proj)")
 """Tensors that stay in full precision, as in DeepSeek's releases: embedding, head, norms, routers,
 the compressors' pooling projections and indexer head weights, mHC and other small parameters."""
-_EXPERT = re.compile(r"experts\.(gate_up_proj|down_proj|\d+\.w[123]\.weight)$")
+_EXPERT = re.compile(r"experts\.(gate_up_proj|down_proj|\d+\.w[123]\.weight|\d+\.(gate|up|down)_proj\.weight)$")
+"""Routed experts in every layout: V4's stacked and original names, DeepSeek-V3's one tensor per expert."""
 
 
 def _scale_name(key: str) -> str:
     return key + "_scale_inv"
+
+
+def quant_kind(key: str, ndim: int, floating: bool, fp4_experts: bool) -> str | None:
+    """How quantize_tensors stores tensor ``key``: 'fp8', 'fp4' or None (full precision)."""
+    if ndim < 2 or not floating or _NOT_QUANTIZED.search(key):
+        return None
+    return "fp4" if fp4_experts and _EXPERT.search(key) else "fp8"
+
+
+def quantized_entries(key: str, shape: tuple[int, ...], kind: str | None,
+                      dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """(name, shape, dtype) of what quantize_tensors writes for one tensor of ``shape``: the tensor itself, or
+    the quantized weight and its ``_scale_inv`` sibling."""
+    import torch
+
+    from trex.trainer.model.quant import FP4_BLOCK, FP8_BLOCK
+
+    if kind is None:
+        return [(key, shape, dtype)]
+    lead, (rows, cols) = shape[:-2], shape[-2:]
+    if kind == "fp4":
+        if cols % FP4_BLOCK:
+            raise ValueError(f"checkpoint.exportQuant=fp8-fp4: {key} has {cols} input columns; FP4 stores 1 x "
+                             f"{FP4_BLOCK} blocks (use fp8)")
+        return [(key, (*lead, rows, cols // 2), torch.int8),
+                (_scale_name(key), (*lead, rows, cols // FP4_BLOCK), torch.float32)]
+    grid = (*lead, -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+    return [(key, shape, torch.float8_e4m3fn), (_scale_name(key), grid, torch.float32)]
 
 
 def quantize_tensors(tensors: dict[str, torch.Tensor], fp4_experts: bool) -> dict[str, torch.Tensor]:
@@ -34,10 +63,10 @@ def quantize_tensors(tensors: dict[str, torch.Tensor], fp4_experts: bool) -> dic
 
     out: dict[str, torch.Tensor] = {}
     for key, t in tensors.items():
-        if t.dim() < 2 or not t.is_floating_point() or _NOT_QUANTIZED.search(key):
+        kind = quant_kind(key, t.dim(), t.is_floating_point(), fp4_experts)
+        if kind is None:
             out[key] = t
-            continue
-        if fp4_experts and _EXPERT.search(key):
+        elif kind == "fp4":
             out[key], out[_scale_name(key)] = fp4_quantize(t)
         else:
             out[key], out[_scale_name(key)] = fp8_quantize(t)
