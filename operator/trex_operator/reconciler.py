@@ -95,6 +95,11 @@ def referenced(body: dict[str, Any]) -> list[tuple[str, str]]:
             if isinstance(ref, dict) and isinstance(ref.get("name"), str) and DNS1123_LABEL.match(ref["name"]) \
                     and len(ref["name"]) <= 63:
                 out.append((kind, ref["name"]))
+        kernels = spec.get("kernels")
+        shapes_from = kernels.get("shapesFrom") if isinstance(kernels, dict) else None
+        name = shapes_from.get("trainJob") if isinstance(shapes_from, dict) else None
+        if isinstance(name, str) and DNS1123_LABEL.match(name) and len(name) <= 63:  # read, never waited for
+            out.append(("TrainJob", name))
         opd = (spec.get("trainer") or {}).get("opd") if isinstance(spec.get("trainer"), dict) else None
         teachers = opd.get("teachers") if isinstance(opd, dict) else None
         for t in teachers if isinstance(teachers, list) else []:

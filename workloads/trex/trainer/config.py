@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -730,6 +731,9 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     device's memory; no device or an unknown capacity: not checked), with the optimizer states in host
     memory when optimizer.swap is on. Returns (field path, message) pairs; empty means valid."""
     out = parallelism_problems(cfg, world_size) + support_problems(cfg) + rl_layout_problems(cfg, world_size)
+    if cfg.kernels.registry and os.path.isfile(cfg.kernels.registry):  # readable here: it must cover the run
+        from trex.trainer.kernels import registry_problem
+        out += [p for p in [registry_problem(cfg)] if p is not None]
     if out or device is None or (capacity is None and device.memory_bytes is None):
         return out
     from trex.trainer.plan import gib, plan_memory, with_swap
