@@ -72,3 +72,59 @@ def main(argv: list[str]) -> int:
     return kernels_main(argv, shapes_reader=shapes_cli_reader)
 
 
+
+
+def planned_classes(kernels: KernelTuneConfig) -> set[tuple[str, str, str]]:
+    """(kernel, dtype, shape class) a resolved tuning config tunes: its shapes, else the suite's defaults, for each
+    kernel and dtype the backend has a template for."""
+    from trex.kernels.backends import coverage
+    from trex.kernels.suite import SUITE
+    from trex.kernels.suite.base import shape_bucket
+
+    have = coverage(kernels.backend)
+    names = list(SUITE) if kernels.suite == "default" and not kernels.kernels else list(kernels.kernels)
+    out = set()
+    for name in names:
+        shapes = [s.dims for s in kernels.shapes if s.kernel == name] or list(SUITE[name].default_shapes)
+        out |= {(name, dt, shape_bucket(sh)) for sh in shapes for dt in kernels.dtypes if dt in have.get(name, ())}
+    return out
+
+
+def run_classes(trainer: TrainerConfig, backend: str) -> set[tuple[str, str, str]]:
+    """(kernel, dtype, shape class) of every dispatched call of the run, on the backend's device."""
+    from trex.kernels.suite.base import shape_bucket
+    from trex.trainer.kernels import FP32_ONLY, device_for_backend, run_kernel_dtypes, run_kernel_shapes
+
+    dtypes = run_kernel_dtypes(trainer)
+    return {(k, dt, shape_bucket(d)) for k, d in run_kernel_shapes(trainer, device_for_backend(backend))
+            for dt in (("fp32",) if k in FP32_ONLY else dtypes)}
+
+
+def kernels_from_problems(checked: list[Any]) -> list[Any]:
+    """`trex validate` across documents: a TrainJob whose kernelsFrom names a KernelTuneJob among the validated
+    manifests that tunes none of the run's (kernel, dtype, shape class): one problem at spec.kernelsFrom."""
+    from trex_operator.validate import Problem
+
+    jobs = {(c.model.kind, c.model.metadata.name): c for c in checked if c.model is not None}
+    out = []
+    for c in checked:
+        spec = c.model.spec if c.model is not None and c.model.kind == "TrainJob" else None
+        ktj = jobs.get(("KernelTuneJob", spec.kernels_from.name)) if spec is not None and spec.kernels_from else None
+        if spec is None or ktj is None:
+            continue
+        tune = ktj.model.spec.kernels
+        if tune.shapes_from is not None:
+            source = jobs.get(("TrainJob", tune.shapes_from.train_job))
+            if source is None:
+                continue
+            try:
+                tune = with_shapes(tune, source.model.spec.trainer, f"TrainJob {tune.shapes_from.train_job}")
+            except ValueError:
+                tune = tune.model_copy(update={"shapes": [], "kernels": [], "suite": "none", "shapes_from": None})
+        run = run_classes(spec.trainer, tune.backend)
+        if not planned_classes(tune) & run:
+            out.append(Problem(c.file, f"{c.model.kind}/{c.model.metadata.name}", "spec.kernelsFrom",
+                               f"KernelTuneJob {ktj.model.metadata.name} tunes none of this run's {len(run)} kernel "
+                               "shape classes and dtypes (it would activate nothing): give it shapesFrom: "
+                               f"{{trainJob: {c.model.metadata.name}}}"))
+    return out
