@@ -83,7 +83,7 @@ def planned_classes(kernels: KernelTuneConfig) -> set[tuple[str, str, str]]:
 
     have = coverage(kernels.backend)
     names = list(SUITE) if kernels.suite == "default" and not kernels.kernels else list(kernels.kernels)
-    out = set()
+    out: set[tuple[str, str, str]] = set()
     for name in names:
         shapes = [s.dims for s in kernels.shapes if s.kernel == name] or list(SUITE[name].default_shapes)
         out |= {(name, dt, shape_bucket(sh)) for sh in shapes for dt in kernels.dtypes if dt in have.get(name, ())}
