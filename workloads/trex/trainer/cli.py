@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         summary["sftSamples"] = dict(trainer.loader.counts)
     if cfg.kernels.registry:
         summary["kernels"] = trainer.kernels.summary()
+        if trainer.rank == 0:
+            trainer.log(trainer.kernels.coverage_line())
+        if trainer.telemetry is not None:  # the called classes are known now
+            trainer.kernels.export(trainer.telemetry.exporter, trainer.job)
     if trainer.telemetry is not None:
         summary.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
                        flopsConvention=trainer.telemetry.convention)

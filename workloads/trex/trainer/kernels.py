@@ -457,7 +457,8 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
     are the tokens of a micro-batch (V4's compressed entries: micro-batch x windows), SwiGLU rows the tokens (routed
     experts: tokens x experts per token, plus the CPU group padding), half-split RoPE the query and key heads,
     router top-k the tokens, the grouped expert GEMMs the routed rows. Local shard shapes: tp splits the query heads
-    and the dense and shared MLPs' hidden dim, ep the routed experts, etp the routed experts' hidden dim; under
+    and the dense MLP's hidden dim and gives each rank 1/tp of the sequences in MoE layers (router, shared and
+    routed experts), ep splits the routed experts, etp the routed experts' hidden dim; under
     ep a rank receives a routing-dependent row count, of which the classes from half to twice the balanced count
     are derived (a call outside them runs eager and shows in the coverage). These are the shapes a KernelTuneJob
     tunes for this TrainJob (``shapesFrom``)."""
@@ -493,11 +494,12 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
         act: list[tuple[int, int]] = []
         if int(values["n_dense_layers"]) > 0:
             act.append((tokens, int(values["intermediate_size"]) // tp))
+        moe_tokens = -(-micro_batch // tp) * seq  # MoE layers: 1/tp of the sequences per rank (Shard(0))
         if moe_layers:
             moe = int(values["moe_intermediate_size"])
-            if int(values.get("n_shared_experts", 0)) > 0:
-                act.append((tokens, moe * int(values["n_shared_experts"]) // tp))
-            routed, local, local_moe = tokens * k, n_exp // ep, moe // etp
+            if int(values.get("n_shared_experts", 0)) > 0:  # shared experts: whole, on the rank's sequences
+                act.append((moe_tokens, moe * int(values["n_shared_experts"])))
+            routed, local, local_moe = moe_tokens * k, n_exp // ep, moe // etp
             lo, hi = (routed, routed) if ep == 1 else (max(1, routed // 2), 2 * routed)
             top = hi + (local * (CPU_GROUP_ROWS - 1) if device == "cpu" else 0)
             act += [(r, local_moe) for r in _pow2_classes(lo, top)]  # every class the padded routed rows can fall in
@@ -514,7 +516,7 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
         routed_gates = n_moe > int(values.get("n_hash_layers", 0)) or int(values.get("mtp_depth", 0)) > 0
         if routed_gates and int(values.get("n_groups", 1)) == 1 and values.get("norm_topk_prob") is not False \
                 and str(values.get("scoring")) in SCORE_CODES:
-            add("router_topk", tokens=tokens, experts=n_exp, k=k, score=SCORE_CODES[str(values["scoring"])])
+            add("router_topk", tokens=moe_tokens, experts=n_exp, k=k, score=SCORE_CODES[str(values["scoring"])])
     return sorted(out.values(), key=lambda kv: (kv[0], sorted(kv[1].items())))
 
 
