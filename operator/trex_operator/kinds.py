@@ -232,8 +232,8 @@ def model_step_problem(ctx: Ctx, ref: Any) -> str | None:
 
 
 def kernels_problem(ctx: Ctx) -> str | None:
-    """kernelsFrom's KernelTuneJob tuned no shape class this TrainJob's run calls: one line naming kernelsFrom (a
-    registry attached that activates nothing is refused, not run)."""
+    """kernelsFrom's KernelTuneJob tuned kernels, none at a shape class this TrainJob's run calls: one line naming
+    kernelsFrom (a registry attached that activates nothing is refused, not run)."""
     ref = ctx.model.spec.kernels_from
     body = ctx.deps.bodies.get(("KernelTuneJob", ref.name)) if ref is not None else None
     if ref is None or body is None:
@@ -242,7 +242,7 @@ def kernels_problem(ctx: Ctx) -> str | None:
 
     doc = registry_doc((body.get("status") or {}).get("results") or {})
     trainer = ctx.model.spec.trainer
-    if registry_covers(doc, trainer):
+    if not doc["kernels"] or registry_covers(doc, trainer):  # an empty registry: the run's coverage line says so
         return None
     return f"kernelsFrom: KernelTuneJob {ref.name}'s registry {uncovered_message(doc, trainer)}"
 
