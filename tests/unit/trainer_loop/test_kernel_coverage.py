@@ -150,3 +150,32 @@ def test_operator_resolves_shapes_from_and_records_the_lineage() -> None:
     (entry,) = plan.status["lineage"]
     assert (entry["kind"], entry["name"], entry["uid"]) == ("TrainJob", "quickstart-train", "uid-t")
     assert entry["detail"].startswith("shapes from: 5 shape classes")
+
+
+@pytest.mark.parametrize("covering", [True, False])
+def test_kernels_from_lineage_and_refusal_at_dependency_time(covering: bool) -> None:
+    """The TrainJob's lineage says its KernelTuneJob was tuned at its shapes (shapesFrom names it); a KernelTuneJob
+    whose tuned classes miss every one of the run's fails the TrainJob with one line naming kernelsFrom."""
+    import datetime as dt
+
+    from trex_operator.engine import plan_job
+    from trex_operator.plan import Observed
+
+    docs = {d["kind"]: d for p in ("kerneltunejob.yaml", "trainjob.yaml")
+            for d in yaml.safe_load_all((REPO / "examples/quickstart" / p).read_text())}
+    tj = copy.deepcopy(docs["TrainJob"])
+    tj["metadata"].update(namespace="ns", uid="uid-t")
+    del tj["spec"]["dataFrom"]
+    bucket = "cols64-rows4096" if covering else "cols2048-rows512"  # the run's hidden-size norm, or the suite's
+    kt = {**docs["KernelTuneJob"], "status": {"phase": "Succeeded", "results": {
+        "backend": "cpu-c", "kernels": {f"rmsnorm_fwd/fp32/{bucket}": {"speedup": 2.0, "params": {"VEC": 16}}}}}}
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    plan = plan_job(tj, Observed(now=now, refs={("KernelTuneJob", "quickstart-kernels"): kt}))
+    if covering:
+        (entry,) = plan.status["lineage"]
+        assert entry["detail"].endswith("tuned at this TrainJob's shapes"), entry
+        assert any(m["kind"] == "Pod" for m in plan.ensure)
+    else:
+        assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "DependencyIncompatible")
+        assert plan.status["message"].startswith("kernelsFrom: KernelTuneJob quickstart-kernels's registry covers "
+                                                 "none of the run's") and "\n" not in plan.status["message"]
