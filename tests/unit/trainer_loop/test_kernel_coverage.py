@@ -179,3 +179,24 @@ def test_kernels_from_lineage_and_refusal_at_dependency_time(covering: bool) -> 
         assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "DependencyIncompatible")
         assert plan.status["message"].startswith("kernelsFrom: KernelTuneJob quickstart-kernels's registry covers "
                                                  "none of the run's") and "\n" not in plan.status["message"]
+
+
+def test_kernels_tune_shapes_from_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`trex kernels tune --shapes-from` a TrainJob manifest or a trainer YAML gives the run's shape classes; a
+    config whose shapesFrom is left unresolved is refused in one line, never tuned at the suite's shapes."""
+    from trex.kernels.cli import main as kernels_main
+    from trex_operator.kernel_shapes import main
+
+    ktj = str(REPO / "examples/quickstart/kerneltunejob.yaml")
+    trainer = load_section(TrainerConfig, yaml.safe_load((REPO / "examples/quickstart/trainjob.yaml").read_text())
+                           ["spec"]["trainer"])
+    want = [(k, d) for k, d in tk.run_kernel_shapes(trainer, "cpu") if k in ("rmsnorm_fwd", "swiglu_clamp_fwd")]
+    plain = tmp_path / "trainer.yaml"
+    plain.write_text(yaml.safe_dump({"trainer": trainer.model_dump(mode="json", by_alias=True)}))
+    for source in (str(REPO / "examples/quickstart/trainjob.yaml"), str(plain)):
+        assert main(["tune", "--config", ktj, "--shapes-from", source, "--print-config"]) == 0
+        printed = yaml.safe_load(capsys.readouterr().out)
+        assert [(s["kernel"], s["dims"]) for s in printed["shapes"]] == want and "shapesFrom" not in printed
+    assert kernels_main(["tune", "--config", ktj, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: shapesFrom: names TrainJob quickstart-train"), err

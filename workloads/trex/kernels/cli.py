@@ -86,13 +86,13 @@ def main(argv: Sequence[str] | None = None, shapes_reader: ShapesReader | None =
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
     if cfg.shapes_from is not None:
         print(f"error: shapesFrom: names TrainJob {cfg.shapes_from.train_job}; pass its manifest with "
               "--shapes-from FILE (the operator resolves it in a KernelTuneJob)", file=sys.stderr)
         return 2
-    if args.print_config:
-        print(dump_config(cfg), end="")
-        return 0
     from trex.kernels.backends.base import BackendUnavailable
     from trex.kernels.tune import run
 
