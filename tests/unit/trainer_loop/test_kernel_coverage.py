@@ -118,6 +118,14 @@ def test_a_covering_registry_activates_with_eager_losses_and_reports_coverage(tm
         assert cov["rmsnorm_bwd"]["tuned"] == [] and cov["rmsnorm_bwd"]["run"]  # called by the run, not tuned
         assert any(m.startswith("kernels coverage") and "rmsnorm_fwd 2/2/2" in m for m in logs), logs
         assert tr.kernels.summary()["coverage"] == cov
+        from trex.telemetry.exporter import Exporter
+
+        ex = Exporter()
+        tr.kernels.export(ex, "job")
+        text = ex.render()
+        for what, n in (("run", 2), ("tuned", 2), ("active", 2), ("refused", 0), ("called", 2)):
+            assert f'trex_train_kernel_coverage{{classes="{what}",job_name="job",kernel="rmsnorm_fwd"}} {n}.0' in text, \
+                text
         assert losses == pytest.approx(eager_losses, rel=1e-4) and losses != eager_losses
     finally:
         tk.install(None, {}, 1, [1], "cpu", lambda _m: None)
