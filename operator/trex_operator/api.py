@@ -14,8 +14,9 @@ from trex.config_base import DNS1123_LABEL, TrexModel, check_dns1123_label
 from trex.evaluation.config import EvalConfig
 from trex.kernels.config import KernelTuneConfig
 from trex.ordata.config import ORDataConfig
-from trex.trainer.config import GRPO_NEEDS_PROMPTS, TrainerConfig, job_problems
+from trex.trainer.config import TrainerConfig
 from trex.trainer.mfu import DEFAULT_DEVICE_MODEL, DEVICES, DeviceSku
+from trex.trainer.rules import GRPO_NEEDS_PROMPTS, job_problems
 
 GROUP = "trex.dev"
 VERSION = "v1alpha1"

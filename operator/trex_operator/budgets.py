@@ -34,16 +34,13 @@ def _obj(c: Checked) -> str:
 
 def _lengths(ordata: Any, trainer: Any) -> Any:
     from trex.ordata.budgets import estimate_lengths
-    from trex.trainer.config import resolved_model_values
 
-    vocab = min(trainer.data.tokenizer.vocab_size, int(str(resolved_model_values(trainer.model)["vocab_size"])))
+    vocab = min(trainer.data.tokenizer.vocab_size, trainer.model.args.vocab_size)
     return estimate_lengths(ordata, vocab, trainer.data.tokenizer.path)
 
 
 def budget_problems(checked: Sequence[Checked]) -> list[Problem]:
     """Problems of every TrainJob / EvalJob whose length budget cannot hold its ORData source's samples."""
-    from trex.trainer.config import resolved_model_values
-
     jobs = {_key(c): c for c in checked if c.model is not None}
     out: list[Problem] = []
     for c in jobs.values():
@@ -54,7 +51,7 @@ def budget_problems(checked: Sequence[Checked]) -> list[Problem]:
             if src is None or "sft" not in src.model.spec.ordata.outputs:  # type: ignore[union-attr]
                 continue
             median = _lengths(src.model.spec.ordata, spec.trainer).sample_median()  # type: ignore[union-attr]
-            positions = int(str(resolved_model_values(spec.trainer.model)["max_seq_len"]))
+            positions = spec.trainer.model.args.max_seq_len
             where = f"ORDataJob/{spec.data_from.name}'s SFT samples have a median of {median} tokens (estimated)"
             if median > positions:
                 out.append(Problem(c.file, _obj(c), "spec.trainer.model.overrides.maxSeqLen",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import datetime as dt
 import json
@@ -25,7 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +328,8 @@ class KubeletThread:
         self._ready.wait(10)
 
     def stop(self) -> None:
-        """Stop polling and kill every pod process."""
+        """Stop polling and kill every pod process (once the kubelet is up, so none starts afterwards)."""
+        self._ready.wait(10)
         if self._loop is not None and self.kubelet is not None:
             self._loop.call_soon_threadsafe(self.kubelet.stop)
         self._thread.join(60)
@@ -375,31 +377,64 @@ def install_chart(chart: Path, kubeconfig: Path, namespace: str, log: Path, valu
 
 def check_dashboard(prom: Any, dashboard: Path, since: float, out: Path, settle_s: float = 15.0) -> bool:
     """Run every Grafana panel's queries over the demo's time range (as the dashboard would); print and
-    save which return data. Panels still empty are retried for ``settle_s`` (the last job's results reach
-    Prometheus a scrape after it finished)."""
+    save which return data and every query that failed. Panels still empty are retried for ``settle_s``
+    (the last job's results reach Prometheus a scrape after it finished). True when every panel has data
+    and no query failed."""
     from trex_operator.local.prometheus import panel_queries
 
     queries = panel_queries(json.loads(dashboard.read_text(encoding="utf-8")), time.time() - since)
+    errors: dict[str, str] = {}
 
-    def series(exprs: list[str]) -> int:
+    def series(title: str, exprs: list[str]) -> int:
         n = 0
         for expr in exprs:
             try:
                 n += len(prom.query_range(expr, since, time.time(), step_s=2.0))
-            except (OSError, RuntimeError, ValueError):
-                pass
+            except (OSError, RuntimeError, ValueError) as exc:
+                errors[title] = f"{expr}: {exc}"
         return n
 
-    counts = {title: series(exprs) for title, exprs in queries}
+    counts = {title: series(title, exprs) for title, exprs in queries}
     end = time.monotonic() + settle_s
     while any(n == 0 for n in counts.values()) and time.monotonic() < end:
         time.sleep(1.0)
-        counts.update({t: series(e) for t, e in queries if counts[t] == 0})
-    out.write_text(json.dumps(counts, indent=1), encoding="utf-8")
+        for t, e in queries:
+            if counts[t] == 0:
+                errors.pop(t, None)
+                counts[t] = series(t, e)
+    out.write_text(json.dumps({"series": counts, "errors": errors}, indent=1), encoding="utf-8")
     empty = [t for t, n in counts.items() if n == 0]
     print(f"== Grafana dashboard: {len(counts) - len(empty)}/{len(counts)} panels return data"
           + (f"; no data: {', '.join(empty)}" if empty else ""))
-    return not empty
+    for title, why in errors.items():
+        print(f"   query failed in panel {title!r}: {why}")
+    return not empty and not errors
+
+
+@contextlib.contextmanager
+def _interrupt_on_signals() -> Iterator[None]:
+    """While inside: SIGTERM (a closed terminal, a CI timeout) and SIGINT raise KeyboardInterrupt in the main
+    thread, once, so the demo's cleanup stops the kubelet's pods, the operator, the API server and Prometheus
+    (the default SIGTERM action would end the process with none of them stopped); further signals are ignored
+    while that cleanup runs. The previous handlers come back on the way out."""
+    import signal
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep: bool, chart: Path | None = None) -> int:
@@ -502,13 +537,17 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
                 result = prom.query(query)
                 answer = ", ".join(f"{r['metric'].get('job_name', r['metric'].get('pod', '?'))}="
                                    f"{float(r['value'][1]):.4f}" for r in result) or "no samples"
+                monitored = bool(result)
             except (OSError, RuntimeError, ValueError) as exc:
-                answer = f"query failed: {exc}"
+                answer, monitored = f"query failed: {exc}", False
             print(f"\n== Prometheus ({prom.url}): {query} -> {answer}")
             dashboard = (chart or Path("charts/trex")) / "dashboards" / "trex.json"
             if dashboard.is_file():
-                check_dashboard(prom, dashboard, started, work_dir / "dashboard.json")
-        print(f"\n== demo {'OK: every job Succeeded' if ok else 'FAILED: not every job Succeeded'}")
+                monitored = check_dashboard(prom, dashboard, started, work_dir / "dashboard.json") and monitored
+            if not monitored:
+                print("== monitoring FAILED: a query failed or returned no data (see above)")
+            ok = ok and monitored
+        print(f"\n== demo {'OK: every job Succeeded' if ok else 'FAILED: not every job Succeeded or monitoring failed'}")
         if keep:
             print(f"--keep: the API server (export KUBECONFIG={kubeconfig}), the operator and Prometheus stay up;"
                   " press Ctrl-C to stop")
@@ -522,13 +561,15 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
                 pass
         return 0 if ok else 1
     finally:
-        if kubelet is not None:
-            kubelet.stop()
-        if operator is not None:
-            operator.stop()
-        emulator.stop()
-        if prom is not None:
-            prom.stop()
+        # Each is stopped even when one before it fails: pods first (their processes), Prometheus last.
+        stops = [kubelet.stop if kubelet is not None else None, operator.stop if operator is not None else None,
+                 emulator.stop, prom.stop if prom is not None else None]
+        for stop in stops:
+            if stop is not None:
+                try:
+                    stop()
+                except Exception as exc:  # report and go on to the next: nothing may be left running
+                    print(f"trex demo: stopping {stop.__qualname__} failed: {exc}", file=sys.stderr)
 
 
 # ---- a real cluster ----------------------------------------------------------------------------
@@ -679,14 +720,16 @@ def main(argv: list[str]) -> int:
         except KeyboardInterrupt:
             return 130
     try:
-        return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep,
-                         chart=examples.resolve().parent / "charts" / "trex")
+        with _interrupt_on_signals():
+            return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep,
+                             chart=examples.resolve().parent / "charts" / "trex")
     except ValueError as exc:
         print(f"trex demo: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
         print(f"trex demo: the local cluster failed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("trex demo: interrupted; every pod process was stopped", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"trex demo: interrupted ({exc or 'SIGINT'}); stopped the pods, the operator, the API server and"
+              " Prometheus", file=sys.stderr)
         return 130

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 from trex.config_base import format_validation_error
 
+from trex_operator import refgraph
 from trex_operator.api import KINDS, CommonSpec, JobStatus
 from trex_operator.children import LABEL_ATTEMPT, LABEL_INDEX, JobCtx
 from trex_operator.defaults import EffectiveGang, GangError, effective_gang
@@ -175,6 +176,21 @@ def _finished(ctx: Ctx, impl: KindImpl) -> None:
             ctx.plan.delete_job = True
 
 
+def dependency_cycle(body: dict[str, Any], observed: dict[tuple[str, str], dict[str, Any] | None]) -> str | None:
+    """The message naming the ring when ``body`` references itself or lies on a cycle of references among the
+    jobs observed in its namespace (the reconciler fetches referenced jobs transitively); else None."""
+    start = refgraph.node_of(body)
+    if start is None:
+        return None
+
+    def refs_of(node: tuple[str, str]) -> list[tuple[str, tuple[str, str]]]:
+        other = body if node == start else observed.get(node)
+        return refgraph.referenced_fields(other, waits=True) if other is not None else []
+
+    found = refgraph.find_cycle(start, refs_of)
+    return refgraph.cycle_message(*found) if found is not None else None
+
+
 def finish(ctx: Ctx, impl: KindImpl, phase: str, reason: str, message: str) -> None:
     """End the job now and apply cleanPodPolicy on the same pass."""
     ctx.move(phase, reason, message)
@@ -189,6 +205,11 @@ def _active(ctx: Ctx, impl: KindImpl) -> None:
     if st.phase is None:
         ctx.move("Pending", "Created", f"{ctx.job.kind} accepted")
     refs = impl.refs(ctx)
+    ring = dependency_cycle(ctx.body, ctx.observed.refs)
+    if ring is not None:
+        set_condition(st, "WaitingForDependency", "False", "DependencyCycle", ring, now, ctx.generation)
+        finish(ctx, impl, "Failed", "DependencyCycle", ring)
+        return
     if refs:
         cond = condition(st, "WaitingForDependency")
         since = parse_time(cond.last_transition_time) if cond is not None and cond.status == "True" else None

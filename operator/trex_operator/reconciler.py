@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trex.config_base import DNS1123_LABEL
-
 from trex_operator.api import API_VERSION, KINDS
 from trex_operator.children import LABEL_NAME, JobCtx, to_json
 from trex_operator.defaults import ClusterDefaults
@@ -29,10 +27,10 @@ from trex_operator.kube import ApiError, Kube
 from trex_operator.opmetrics import OperatorMetrics
 from trex_operator.plan import Event, Manifest, Observed, Plan
 from trex_operator.progress import UrlBuilder, default_url, scrape
+from trex_operator.refgraph import MAX_DEPTH, referenced
 
 log = logging.getLogger("trex_operator")
 JobKey = tuple[str, str, str]  # kind, namespace, name
-_REF_FIELDS = (("dataFrom", "ORDataJob"), ("kernelsFrom", "KernelTuneJob"), ("modelFrom", "TrainJob"))
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -83,30 +81,6 @@ class Settings:
                         webhook_port=int(_env_float(env, "TREX_OPERATOR_WEBHOOK_PORT", -1)),
                         webhook_cert=env.get("TREX_OPERATOR_WEBHOOK_CERT") or None,
                         webhook_key=env.get("TREX_OPERATOR_WEBHOOK_KEY") or None)
-
-
-def referenced(body: dict[str, Any]) -> list[tuple[str, str]]:
-    """(kind, name) of the jobs a raw object references (tolerates malformed specs)."""
-    spec = body.get("spec")
-    out = []
-    if isinstance(spec, dict):
-        for key, kind in _REF_FIELDS:
-            ref = spec.get(key)
-            if isinstance(ref, dict) and isinstance(ref.get("name"), str) and DNS1123_LABEL.match(ref["name"]) \
-                    and len(ref["name"]) <= 63:
-                out.append((kind, ref["name"]))
-        kernels = spec.get("kernels")
-        shapes_from = kernels.get("shapesFrom") if isinstance(kernels, dict) else None
-        name = shapes_from.get("trainJob") if isinstance(shapes_from, dict) else None
-        if isinstance(name, str) and DNS1123_LABEL.match(name) and len(name) <= 63:  # read, never waited for
-            out.append(("TrainJob", name))
-        opd = (spec.get("trainer") or {}).get("opd") if isinstance(spec.get("trainer"), dict) else None
-        teachers = opd.get("teachers") if isinstance(opd, dict) else None
-        for t in teachers if isinstance(teachers, list) else []:
-            name = t.get("name") if isinstance(t, dict) else None
-            if isinstance(name, str) and DNS1123_LABEL.match(name) and len(name) <= 63:
-                out.append(("TrainJob", name))
-    return out
 
 
 class Reconciler:
@@ -243,8 +217,15 @@ class Reconciler:
 
     async def _observe_more(self, body: dict[str, Any], observed: Observed) -> None:
         ns = JobCtx.from_body(body).namespace
-        for kind, ref in referenced(body):
-            observed.refs[(kind, ref)] = await self.kube.get(API_VERSION, kind, ns, ref)
+        # the referenced jobs and, transitively, theirs: a reference cycle through the cluster shows up here
+        todo = list(referenced(body))
+        while todo and len(observed.refs) < MAX_DEPTH:
+            kind, ref = todo.pop(0)
+            if (kind, ref) in observed.refs:
+                continue
+            got = observed.refs[(kind, ref)] = await self.kube.get(API_VERSION, kind, ns, ref)
+            if got is not None:
+                todo.extend(referenced(got))
         spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
         status = body.get("status") if isinstance(body.get("status"), dict) else {}
         attempt = status.get("attempt", 0) if isinstance(status, dict) else 0

@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 from trex.config_base import StrictLoader, format_validation_error, load_section
 
+from trex_operator import refgraph
 from trex_operator.api import API_VERSION, KIND_INFO, KINDS, JobModel
 from trex_operator.defaults import ClusterDefaults, GangError, effective_gang
 from trex_operator.ranktable import LayoutError, ascend_layout
@@ -109,6 +110,37 @@ MAX_OBJECT_BYTES = 1572864
 """The largest object the API server stores (etcd's default request limit, 1.5 MiB), as JSON."""
 
 
+MAX_REQUEST_BYTES = 3 << 20
+"""The largest request body the API server accepts (3 MiB): a larger file is refused before it is parsed."""
+
+
+def cycle_problems(checked: list[Checked]) -> list[Problem]:
+    """One problem per object that references itself or lies on a cycle of dataFrom / kernelsFrom / modelFrom /
+    opd-teacher references among the objects given (per namespace, across files and documents)."""
+    docs: dict[tuple[str, str, str], Checked] = {}
+    for c in checked:
+        node = refgraph.node_of(c.raw) if isinstance(c.raw, dict) else None
+        if node is not None:
+            docs.setdefault((_namespace(c.raw), *node), c)
+    out = []
+    for (ns, kind, name), c in docs.items():
+        def refs_of(node: tuple[str, str], ns: str = ns) -> list[tuple[str, tuple[str, str]]]:
+            other = docs.get((ns, *node))
+            return refgraph.referenced_fields(other.raw, waits=True) if other is not None else []
+
+        found = refgraph.find_cycle((kind, name), refs_of)
+        if found is not None:
+            field, _, msg = refgraph.cycle_message(*found).partition(": ")
+            out.append(Problem(c.file, _obj_name(c.raw, c.index), field, msg))
+    return out
+
+
+def _namespace(doc: dict[str, Any]) -> str:
+    meta = doc.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, dict) else None
+    return ns if isinstance(ns, str) and ns else "default"
+
+
 def load_documents(text: str) -> list[Any]:
     """The non-empty YAML documents of ``text``; yaml.YAMLError also on a duplicate key."""
     return [d for d in yaml.load_all(text, Loader=StrictLoader) if d is not None]
@@ -130,6 +162,12 @@ def iter_documents(paths: list[str], defaults: ClusterDefaults | None = None) ->
         for f in files:
             name = str(f)
             try:
+                size = f.stat().st_size
+                if size > MAX_REQUEST_BYTES:
+                    yield Checked(name, 0, None, None, [Problem(name, "<file>", "<root>", (
+                        f"the file is {size} bytes; the API server refuses requests over {MAX_REQUEST_BYTES} "
+                        "(3 MiB): split it or move large data to a ConfigMap or a volume"))])
+                    continue
                 text = f.read_text(encoding="utf-8")
             except OSError as e:
                 yield Checked(name, 0, None, None, [Problem(name, "<file>", "<file>", f"cannot read: {e.strerror}")])
@@ -209,7 +247,8 @@ def main(argv: list[str]) -> int:
     from trex_operator.budgets import budget_problems
     from trex_operator.kernel_shapes import kernels_from_problems
 
-    problems = [p for c in checked for p in c.problems] + budget_problems(checked) + kernels_from_problems(checked)
+    problems = [p for c in checked for p in c.problems] + cycle_problems(checked) + budget_problems(checked) \
+        + kernels_from_problems(checked)
     for p in problems:
         print(p.line(), file=sys.stderr if is_get else sys.stdout)
     if is_get:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import re
 import types
 from collections import abc
@@ -47,8 +48,64 @@ class ConfigError(ValueError):
     """A config file or override that cannot be used: one line naming the file, flag or field."""
 
 
+MAX_YAML_BYTES = 3 << 20
+"""The largest YAML file read (the API server's request limit): refused before it is parsed."""
+MAX_ALIAS_NODES = 100_000
+"""Nodes that aliases may add to a YAML document when expanded (an anchor bomb adds billions)."""
+
+
 class StrictLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate mapping keys (plain YAML keeps the last one silently)."""
+    """A safe loader that refuses duplicate mapping keys (plain YAML keeps the last one silently) and documents
+    whose aliases expand to more than :data:`MAX_ALIAS_NODES` extra nodes (counted before any is built)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Check the alias-expansion budget, then build the document."""
+        extra = _expanded_size(node, {}) - _distinct_nodes(node)
+        if extra > MAX_ALIAS_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"aliases expand the document by {extra} nodes (at most {MAX_ALIAS_NODES})",
+                node.start_mark)
+        return super().construct_document(node)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes of the document with every alias expanded, each distinct node's size computed once (iterative);
+    a node that contains itself (a recursive alias) is refused."""
+    active: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
+    while stack:
+        cur, done = stack.pop()
+        kids = _children(cur)
+        if done:
+            active.discard(id(cur))
+            memo[id(cur)] = 1 + sum(memo[id(k)] for k in kids)
+            continue
+        if id(cur) in memo:
+            continue
+        if id(cur) in active:
+            raise yaml.constructor.ConstructorError(None, None, "a recursive alias (a node inside itself)",
+                                                    cur.start_mark)
+        active.add(id(cur))
+        stack.append((cur, True))
+        stack.extend((k, False) for k in kids if id(k) not in memo)
+    return memo[id(node)]
+
+
+def _distinct_nodes(node: yaml.Node) -> int:
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if id(cur) not in seen:
+            seen.add(id(cur))
+            stack.extend(_children(cur))
+    return len(seen)
 
 
 def _no_duplicates(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
@@ -69,6 +126,10 @@ def read_yaml(path: str | Path) -> Any:
     """One YAML document from ``path`` (duplicate keys refused); ConfigError naming the file otherwise."""
     try:
         with open(path, encoding="utf-8") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_YAML_BYTES:
+                raise ConfigError(f"--config: {path} is {size} bytes; at most {MAX_YAML_BYTES} (3 MiB, the API "
+                                  "server's request limit)")
             return yaml.load(fh, Loader=StrictLoader)
     except FileNotFoundError:
         raise ConfigError(f"--config: {path} does not exist") from None

@@ -3,12 +3,14 @@ correct answer, each classified exactly; request failures, resume, metrics, repo
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import isolation
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -177,12 +179,24 @@ async def test_every_category_is_classified_exactly(tmp_path: Path) -> None:
     assert 'trex_eval_samples_total{benchmark="nl4opt",category="timeout"} 1.0' in text
     assert 'trex_eval_progress_ratio{benchmark="nl4opt"} 1.0' in text
     assert 'trex_eval_failed_requests_total{benchmark="nl4opt"} 1.0' in text
-    assert re.search(r'trex_eval_sandbox_isolation\{mode="(kernel-fs|namespaces|audit)"\} 1\.0', text)
+    # The strongest mode this machine offers (bubblewrap's kernel-fs wherever it runs), not any mode.
+    assert f'trex_eval_sandbox_isolation{{mode="{isolation.strongest()}"}} 1.0' in text
 
-    paths = write_reports(out, load_summary(out), against=load_summary(out))
+    # An earlier run at Pass@1 50 %: the delta column is now - then = 3/19 - 1/2 = -34.2 pp.
+    earlier = copy.deepcopy(load_summary(out))
+    earlier["benchmarks"]["nl4opt"]["pass@1"] = 0.5
+    paths = write_reports(out, load_summary(out), against=earlier)
     assert {p.name for p in paths} >= {"report.md", "report.html", "comparison.png", "failures.png"}
     md = (out / "report.md").read_text()
     assert "| nl4opt | strict@v1 | 19 | 19 | 15.8% |" in md
+    header = next(line for line in md.splitlines() if line.startswith("| benchmark |"))
+    row = next(line for line in md.splitlines() if line.startswith("| nl4opt |"))
+    assert header.rstrip(" |").split(" | ")[-1] == "Δ pass@1"
+    assert row.rstrip(" |").split(" | ")[-1] == "-34.2 pp"
+    assert "<td>-34.2 pp</td>" in (out / "report.html").read_text()
+    write_reports(out, load_summary(out), against=load_summary(out))  # against itself: no change
+    row = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("| nl4opt |"))
+    assert row.rstrip(" |").split(" | ")[-1] == "+0.0 pp"
     assert "Answers scored: solver-recorded" in md
     forged = next(r for r in records if CASES_BY_QUESTION[r["item_id"]] == "forged_record")
     assert "not confirmed" in forged["reason"] and forged["execution"]["printed"]["objective"] == 2.8
@@ -284,7 +298,7 @@ async def test_accept_printed_answers_restores_the_printed_number(tmp_path: Path
     rec = read_samples(tmp_path / "out" / SAMPLES)[0]
     assert rec["category"] == ("correct" if printed else "no_solver_call")
     assert rec["execution"]["answers"] == outcome.summary["answers"] == ("printed" if printed else "solver-recorded")
-    assert outcome.summary["isolation"] in ("kernel-fs", "namespaces", "audit")
+    assert outcome.summary["isolation"] == isolation.strongest()
 
 
 async def test_min_isolation_fails_the_run_before_any_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

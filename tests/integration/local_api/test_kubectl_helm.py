@@ -109,6 +109,7 @@ def test_printer_columns_watch_and_describe_events(cluster: Cluster) -> None:
     assert KUBECTL is not None
     waiter = subprocess.Popen([KUBECTL, "wait", "--for=jsonpath={.status.phase}=Succeeded", "tj/quickstart-train",
                                "--timeout=30s"], env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Kept: a pause, not a sync; whichever comes first, the watch or the patch, `kubectl wait` must report it met.
     time.sleep(1.0)
     cluster.run("kubectl", "patch", "tj", "quickstart-train", "--subresource=status", "--type=merge", "-p",
                 '{"status": {"phase": "Succeeded"}}')

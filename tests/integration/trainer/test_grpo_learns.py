@@ -86,7 +86,7 @@ def test_grpo_raises_the_reward_of_a_learnable_task(tmp_path: Path) -> None:
                        "exportHf": False}})
     grpo = Trainer(grpo_cfg, tmp_path, measure_peak=False, log=lambda _m: None, verifier=PrintsTheNumber())
     res = grpo.run()
-    rewards = [r.grpo.reward_mean for r in res.history]  # type: ignore[union-attr]
+    rewards = [r.stats.reward_mean for r in res.history]  # type: ignore[union-attr]
     start, end = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
     assert start < 0.25, rewards  # about one digit in ten is right before RL
     assert end >= 0.5, rewards

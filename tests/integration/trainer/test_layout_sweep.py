@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from trex.config_base import load_section
-from trex.trainer.config import TrainerConfig, job_problems
+from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
-from trex.trainer.parallel.mesh import ParallelDims
+from trex.trainer.rules import job_problems
 
 DEGREES = (1, 2, 4)
 
@@ -94,7 +94,6 @@ def test_every_rejected_layout_is_one_precise_line_the_trainer_agrees_with(world
         rejected += 1
         field, message = problems[0]
         assert field.startswith("parallelism.") and message and "\n" not in message, (layout, problems)
-        with pytest.raises(ValueError) as e:  # the trainer's own check (Trainer turns it into ConfigProblem)
-            ParallelDims.from_config(_cfg(Path("unused"), layout), world)
-        assert str(e.value) == f"{field}: {message}"
+        # the trainer's own check: the same rule where the job trains (Trainer turns it into ConfigProblem)
+        assert job_problems(_cfg(Path("unused"), layout), world, local=True)[0] == (field, message)
     assert rejected >= {2: 5, 4: 40}[world]

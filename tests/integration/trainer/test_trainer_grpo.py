@@ -62,20 +62,20 @@ def _trainer(cfg: TrainerConfig, root: Path, group: Any = None) -> Trainer:
 def test_resume_equals_uninterrupted_and_reuses_the_rollout_log(tmp_path: Path) -> None:
     whole = _trainer(_cfg(tmp_path, "whole"), tmp_path)
     res = whole.run()
-    stats = [r.grpo for r in res.history]
+    stats = [r.stats for r in res.history]
     assert all(s is not None for s in stats)
     assert len({round(s.reward_mean, 12) for s in stats if s is not None}) > 1  # the rewards vary
-    assert any(abs(r.loss) > 0 for r in res.history) and res.history[-1].grpo.kl > 0  # type: ignore[union-attr]
+    assert any(abs(r.loss) > 0 for r in res.history) and res.history[-1].stats.kl > 0  # type: ignore[union-attr]
 
     cfg = _cfg(tmp_path, "parts")
     first = _trainer(cfg, tmp_path)
     first.run(2)
     # a worker preempted after the rollouts of step 3: the log holds them; the restarted worker decodes nothing new
-    rollouts, _ = first.grpo.rollout(first.model, 2)  # type: ignore[union-attr]
+    rollouts, _ = first.objective.run.rollout(first.model, 2)  # type: ignore[union-attr]
     again = _trainer(cfg, tmp_path)
     rest = again.run()
     assert again.step == STEPS and len(rest.history) == 1
-    last = rest.history[0].grpo
+    last = rest.history[0].stats
     assert last is not None and last.resumed_tokens == sum(len(r.tokens) for r in rollouts) > 0
     a, b = whole.full_state_dict(), again.full_state_dict()
     assert a.keys() == b.keys()
@@ -105,8 +105,8 @@ def _worker(rank: int, world: int, out: str) -> None:
             res = tr.run()
             state = tr.full_state_dict()
             if rank == 0:
-                torch.save({"state": state, "rewards": [r.grpo.reward_mean for r in res.history],  # type: ignore[union-attr]
-                            "replica": tr.replica is not None, "logs": sorted(p.name for p in (root / name).rglob("*.wal"))},
+                torch.save({"state": state, "rewards": [r.stats.reward_mean for r in res.history],  # type: ignore[union-attr]
+                            "replica": tr.objective.replica is not None, "logs": sorted(p.name for p in (root / name).rglob("*.wal"))},
                            root / f"{name}.pt")
     finally:
         dist.barrier()  # every rank done with the group before any tears it down
@@ -131,7 +131,7 @@ def test_parallel_grpo_equals_one_process(layout: str, parallel_runs: Path) -> N
     _, micro, group = {**LAYOUTS, **WORLD4}[layout]
     one = _trainer(_cfg(parallel_runs, f"one-{layout}", micro=micro, group=group), parallel_runs)
     res = one.run()
-    assert got["rewards"] == pytest.approx([r.grpo.reward_mean for r in res.history], abs=1e-12)  # type: ignore[union-attr]
+    assert got["rewards"] == pytest.approx([r.stats.reward_mean for r in res.history], abs=1e-12)  # type: ignore[union-attr]
     ref = one.full_state_dict()
     for k, v in ref.items():
         torch.testing.assert_close(got["state"][k], v, atol=1e-10, rtol=0, msg=k)

@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from trex.config_base import load_section
-from trex.trainer.config import TrainerConfig, job_problems
+from trex.trainer.config import TrainerConfig
 from trex.trainer.hf import save_hf
 from trex.trainer.loop import ConfigProblem, Trainer
 from trex.trainer.model import build_model
+from trex.trainer.rules import job_problems
 
 MODEL = {"preset": "tiny", "dtype": "fp64", "overrides": {"numLayers": 1, "mtpDepth": 0, "maxSeqLen": 256}}
 LAYOUTS: dict[str, dict[str, Any]] = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "ep2": {"ep": 2}}
@@ -50,8 +51,8 @@ def _cfg(root: Path, name: str, layout: dict[str, Any]) -> TrainerConfig:
 
 
 def _summary(tr: Trainer, history: list[Any]) -> dict[str, Any]:
-    return {"losses": [r.loss for r in history], "kl": [r.opd.kl for r in history],
-            "entropy": [r.opd.entropy for r in history], "state": tr.full_state_dict()}
+    return {"losses": [r.loss for r in history], "kl": [r.stats.kl for r in history],
+            "entropy": [r.stats.entropy for r in history], "state": tr.full_state_dict()}
 
 
 def _worker(rank: int, world: int, out: str) -> None:
@@ -64,13 +65,13 @@ def _worker(rank: int, world: int, out: str) -> None:
                          log=lambda _m: None)
             res = tr.run()
             summary = _summary(tr, res.history)
-            assert tr.opd is not None
-            ranks = tr.opd.ranks
+            assert tr.objective.run is not None
+            ranks = tr.objective.run.ranks
             summary["vocab_parallel"] = ranks.vocab is not None
             summary["replica"] = ranks.replica is not None
-            summary["head_rows"] = next(iter(tr.opd.pool.teachers.values())).head.shape[0]  # type: ignore[union-attr]
+            summary["head_rows"] = next(iter(tr.objective.run.pool.teachers.values())).head.shape[0]  # type: ignore[union-attr]
             if name != "dp2":  # the teacher's trunk is distributed: this rank holds part of its experts / heads
-                teacher = next(iter(tr.opd.pool.teachers.values())).model  # type: ignore[union-attr]
+                teacher = next(iter(tr.objective.run.pool.teachers.values())).model  # type: ignore[union-attr]
                 local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                             for p in teacher.parameters())  # type: ignore[union-attr]
                 summary["teacher_local"] = local

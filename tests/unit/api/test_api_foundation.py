@@ -15,7 +15,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 from trex.config_base import TrexModel, load_section
-from trex.trainer.config import TrainerConfig, parallelism_problems
+from trex.trainer.config import TrainerConfig
+from trex.trainer.rules import parallelism_problems
 from trex_operator import crdgen
 from trex_operator.api import KIND_INFO, KINDS, TrainJob
 
@@ -131,18 +132,71 @@ def test_examples_cover_every_kind() -> None:
     assert len(INVALID) >= 8
 
 
+# Each invalid example: the field that rejects it and the words of its one-line message (every one of them).
+INVALID_EXPECT = {
+    "01-typo-in-field.yaml": ("spec.trainer.maxStep", "unknown field; did you mean 'maxSteps'?"),
+    "02-wrong-type.yaml": ("spec.replicas", "wrong type (str): expected a valid integer"),
+    "03-impossible-parallelism.yaml": ("spec.trainer.parallelism.tp", "tp x pp = 3 does not divide the world size 16"),
+    "04-ep-not-dividing-experts.yaml": ("spec.trainer.parallelism.ep", "ep=6 does not divide the routed expert count 8"),
+    "05-bad-reference-name.yaml": ("spec.dataFrom.name", "'My_Data' is not a valid DNS-1123 label"),
+    "06-negative-count.yaml": ("spec.ordata.count", "must be greater than 0"),
+    "07-missing-section.yaml": ("spec.trainer", "required field is missing"),
+    "08-unknown-kind.yaml": ("kind", "unknown kind 'TrainingJob'; allowed: TrainJob, KernelTuneJob, ORDataJob, EvalJob"),
+    "09-npu-devices-per-replica.yaml": ("spec.devicesPerReplica",
+                                        "6 is not allowed for deviceType npu; allowed: 1, 2, 4, 8, 16"),
+    "10-backend-device-mismatch.yaml": ("spec.deviceType",
+                                        "kernels.backend 'cuda-triton' needs deviceType 'gpu', got 'cpu'"),
+    "11-bad-enum.yaml": ("spec.evaluation.protocol",
+                         "invalid value 'loose'; allowed: 'strict', 'orlm', 'mamo', 'optibench' or 'sirl'"),
+    "12-bad-object-name.yaml": ("metadata.name", "'Bad_Name' is not a valid DNS-1123 label"),
+    "13-pipeline-parallel.yaml": ("spec.trainer.parallelism.pp", "pipeline parallelism is not run"),
+    "14-swap-optimizer.yaml": ("spec.trainer.parallelism", "even with the optimizer states in host memory"),
+    "15-opd-samples-not-splitting.yaml": ("spec.trainer.opd.samplesPerPrompt", "not a multiple of tp=2"),
+    "16-out-of-memory.yaml": ("spec.trainer.parallelism", "per device; Ascend 910B has 64 GiB: raise ep"),
+    "17-kernel-dtype-missing.yaml": ("spec.kernels.dtypes", "npu-ascendc has no bf16 template for any kernel"),
+    "17-think-max-without-prompt.yaml": ("spec.evaluation.thinkMaxPrompt", "required when reasoningMode is think-max"),
+}
+
+
+# The invalid examples pydantic itself rejects (not a trex validator): the error type it reports.
+MODEL_ERROR_TYPES = {"01-typo-in-field.yaml": "extra_forbidden", "02-wrong-type.yaml": "int_type",
+                     "06-negative-count.yaml": "greater_than", "07-missing-section.yaml": "missing",
+                     "11-bad-enum.yaml": "literal_error"}
+
+
+def test_every_invalid_example_has_an_expectation() -> None:
+    assert sorted(INVALID_EXPECT) == sorted(p.name for p in INVALID)
+
+
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
 def test_invalid_examples_rejected(path: Path) -> None:
+    from pydantic import ValidationError
+    from trex_operator.validate import check_document
+
     text = path.read_text()
     marker = re.search(r"rejected-by:\s*([a-z, ]+)", text)
     assert marker, f"{path.name} must say what rejects it"
     by = {w.strip() for w in marker.group(1).split(",")}
     doc = yaml.safe_load(text)
-    # The models (used by `trex validate` and the operator) reject every invalid manifest.
-    with pytest.raises(Exception):  # noqa: B017 - any validation error; the CLI test checks the message
-        if doc.get("kind") not in KINDS:
-            raise ValueError("unknown kind")
-        load_section(KINDS[doc["kind"]], doc)
+    field, words = INVALID_EXPECT[path.name]
+    # `trex validate` and the admission path: the first problem names exactly this field, with these words.
+    problems = check_document(str(path), 0, doc).problems
+    assert problems, f"{path.name}: accepted"
+    assert (problems[0].path, words in problems[0].message) == (field, True), [p.line() for p in problems]
+    # The models (used by the operator) reject it too, with the same words in their error.
+    if doc.get("kind") not in KINDS:
+        assert field == "kind"  # no model serves the kind: the kind check above is what rejects it
+    else:
+        with pytest.raises(ValidationError) as err:
+            load_section(KINDS[doc["kind"]], doc)
+        [error] = err.value.errors()
+        loc = ".".join(map(str, error["loc"]))
+        if error["type"] == "value_error":  # a validator's "field: message", raised at the section it checks
+            named = re.match(r"Value error, ([A-Za-z][\w.]*): ", error["msg"])
+            assert (f"{loc}.{named.group(1)}" if named else loc, words.split(": ")[-1] in error["msg"]) == (
+                field, True), error
+        else:  # pydantic's own check: the field and its error type
+            assert (loc, error["type"]) == (field, MODEL_ERROR_TYPES[path.name]), error
     if "schema" in by:
         assert _schema_errors(doc), f"{path.name}: the CRD schema accepted it"
 
@@ -160,24 +214,7 @@ def test_validate_cli_valid_and_invalid() -> None:
     for line in lines:
         file, obj, field, message = (part.strip() for part in line.split(":", 3))
         assert file.endswith(".yaml") and "/" in obj and field and message
-    expect = {
-        "01-typo-in-field.yaml": ("spec.trainer.maxStep", "unknown field"),
-        "02-wrong-type.yaml": ("spec.replicas", "integer"),
-        "03-impossible-parallelism.yaml": ("spec.trainer.parallelism.tp", "world size 16"),
-        "04-ep-not-dividing-experts.yaml": ("spec.trainer.parallelism.ep", "routed expert count 8"),
-        "05-bad-reference-name.yaml": ("spec.dataFrom.name", "DNS-1123"),
-        "06-negative-count.yaml": ("spec.ordata.count", "greater than 0"),
-        "07-missing-section.yaml": ("spec.trainer", "missing"),
-        "08-unknown-kind.yaml": ("kind", "allowed: TrainJob, KernelTuneJob, ORDataJob, EvalJob"),
-        "09-npu-devices-per-replica.yaml": ("spec.devicesPerReplica", "allowed: 1, 2, 4, 8, 16"),
-        "10-backend-device-mismatch.yaml": ("spec.deviceType", "needs deviceType 'gpu'"),
-        "13-pipeline-parallel.yaml": ("spec.trainer.parallelism.pp", "pipeline parallelism is not run"),
-        "14-swap-optimizer.yaml": ("spec.trainer.parallelism", "even with the optimizer states in host memory"),
-        "15-opd-samples-not-splitting.yaml": ("spec.trainer.opd.samplesPerPrompt", "not a multiple of tp=2"),
-        "16-out-of-memory.yaml": ("spec.trainer.parallelism", "per device; Ascend 910B has 64 GiB: raise ep"),
-        "17-kernel-dtype-missing.yaml": ("spec.kernels.dtypes", "npu-ascendc has no bf16 template for any kernel"),
-    }
-    for name, (field, words) in expect.items():
+    for name, (field, words) in INVALID_EXPECT.items():
         assert any(name in ln and f": {field}: " in ln and words in ln for ln in lines), (name, lines)
 
 

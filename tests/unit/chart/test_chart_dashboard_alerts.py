@@ -14,7 +14,7 @@ from trex.telemetry import dashboard as d
 from trex.telemetry.metrics import exposed_names
 from trex_chart_helpers import CHART, REPO, by_kind, helm_available, promql_metric_names, render
 
-GRAFANA_VARS = {"namespace": "team-a|team-b", "job": ".*", "__rate_interval": "1m", "__range": "6h",
+GRAFANA_VARS = {"namespace": "team-a|team-b", "job": ".*", "__rate_interval": "1m", "__range": "6h", "__interval": "30s",
                 "datasource": "prom"}
 
 

@@ -36,9 +36,27 @@ def test_uncovered_requests_rejected(fields: dict[str, object], words: str) -> N
     assert words in str(e.value)
 
 
+def _planned(**fields: object) -> set[tuple[str, str]]:
+    """The (kernel, dtype) pairs a valid config makes the tuner run on its backend."""
+    from trex.kernels.tune import jobs
+
+    cfg = KernelTuneConfig(**fields)  # type: ignore[arg-type]
+    return {(spec.name, dtype) for spec, _shape, dtype in jobs(cfg, get_backend(cfg.backend))}
+
+
 def test_covered_requests_accepted() -> None:
-    KernelTuneConfig(backend="npu-ascendc", kernels=["rmsnorm_fwd", "rope_inv"])
-    KernelTuneConfig(backend="cuda-triton", suite="none", kernels=["router_topk", "grouped_gemm", "mhc_pre"])
-    KernelTuneConfig(backend="cuda-triton")  # the whole suite but rmsnorm_bwd, which has no Triton template
-    KernelTuneConfig(backend="cpu-c", dtypes=["fp32", "bf16"])  # the suite: kernels lacking bf16 are skipped
-    KernelTuneConfig(shapes=[{"kernel": "rope_fwd", "dims": {"tokens": 4, "heads": 2, "dim": 8}}])  # type: ignore[list-item]
+    assert _planned(backend="npu-ascendc", kernels=["rmsnorm_fwd", "rope_inv"]) == {
+        ("rmsnorm_fwd", "fp32"), ("rope_inv", "fp32")}
+    assert _planned(backend="cuda-triton", suite="none", kernels=["router_topk", "grouped_gemm", "mhc_pre"]) == {
+        ("router_topk", "fp32"), ("grouped_gemm", "fp32"), ("mhc_pre", "fp32")}
+    # the whole suite but rmsnorm_bwd, which has no Triton template
+    assert _planned(backend="cuda-triton") == {(n, "fp32") for n in SUITE if n != "rmsnorm_bwd"}
+    # the suite in both dtypes, but the kernels lacking a bf16 template are skipped in bf16
+    fp32_only = {"grouped_gemm", "mhc_pre", "router_topk"}
+    assert _planned(backend="cpu-c", dtypes=["fp32", "bf16"]) == {(n, "fp32") for n in SUITE} | {
+        (n, "bf16") for n in SUITE if n not in fp32_only}
+    from trex.kernels.tune import jobs
+
+    cfg = KernelTuneConfig(shapes=[{"kernel": "rope_fwd", "dims": {"tokens": 4, "heads": 2, "dim": 8}}])  # type: ignore[list-item]
+    assert [shape for spec, shape, _ in jobs(cfg, get_backend(cfg.backend)) if spec.name == "rope_fwd"] == [
+        {"tokens": 4, "heads": 2, "dim": 8}]

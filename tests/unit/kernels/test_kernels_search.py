@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,8 +24,9 @@ SYNTH = textwrap.dedent('''
     class Synthetic:
         """Exact multiplicative cost; a candidate is accepted when >= 3 % faster than its parent."""
 
-        def __init__(self, opt, scale=1.0, sleep=0.0, log=None):
+        def __init__(self, opt, scale=1.0, sleep=0.0, log=None, park_after=0):
             self.opt, self.scale, self.sleep, self.log, self.calls = opt, scale, sleep, log, []
+            self.park_after = park_after  # > 0: the evaluation after that many never returns (to be killed)
 
         def cost(self, p):
             c = self.scale
@@ -46,6 +48,8 @@ SYNTH = textwrap.dedent('''
                     fh.write(repr(sorted(p.items())) + "\\n")
             if self.sleep:
                 time.sleep(self.sleep)
+            if self.park_after and len(self.calls) > self.park_after:
+                time.sleep(600)
             g = self.cost(parent) / self.cost(p)
             st = "accepted" if g >= 1.03 else "rejected"
             return TrialResult(st, "", self.cost(p), self.cost(parent), g, (g, g), "h")
@@ -111,12 +115,14 @@ def test_resume_after_kill_continues_without_repeating(tmp_path: Path) -> None:
     script = tmp_path / "run.py"
     script.write_text(SYNTH + textwrap.dedent(f'''
         from trex.kernels.search import Budget, SearchConfig, run_search
-        ev = Synthetic({OPT_A!r}, sleep=0.15, log={str(log)!r})
+        import os
+        ev = Synthetic({OPT_A!r}, log={str(log)!r}, park_after=int(os.environ.get("PARK_AFTER", "0")))
         cfg = SearchConfig(space=SPACE, root=dict(ROOT), budget=Budget(14, 600.0),
                            plan_order=("UNROLL", "THREADS", "BLOCK", "VEC"))
         run_search({str(path)!r}, ev, cfg)
     '''))
-    proc = subprocess.Popen([sys.executable, str(script)])
+    # The first run parks in its 5th evaluation: it is killed with exactly 4 trials saved, however slow the host.
+    proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PARK_AFTER": "4"})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if path.exists():
@@ -129,7 +135,7 @@ def test_resume_after_kill_continues_without_repeating(tmp_path: Path) -> None:
     proc.kill()
     proc.wait()
     first = json.loads(path.read_text())
-    assert 4 <= len(first["trials"]) < 14 and not first["done"]
+    assert len(first["trials"]) == 4 and not first["done"]
     n_before = len(log.read_text().splitlines())
     subprocess.run([sys.executable, str(script)], check=True, timeout=120)
     final = json.loads(path.read_text())

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-import time
+import types
 from pathlib import Path
 
 import pytest
@@ -30,27 +29,48 @@ def test_launch_runs_one_process_per_device(tmp_path: Path) -> None:
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"3": "0", "4": "1", "5": "2"}
 
 
-def test_one_failure_stops_the_others_and_propagates_its_code() -> None:
-    script = ("import os, sys, time\n"
-              "if os.environ['LOCAL_RANK'] == '1': sys.exit(7)\n"
-              "time.sleep(60)\n")
-    t0 = time.monotonic()
+def test_one_failure_stops_the_others_and_propagates_its_code(tmp_path: Path) -> None:
+    """Rank 1 fails once ranks 0 and 2 are up; they are terminated (their 60 s sleep never completes)."""
+    script = (f"import os, pathlib, sys, time\nd = pathlib.Path({str(tmp_path)!r})\nrank = os.environ['LOCAL_RANK']\n"
+              "if rank == '1':\n"
+              "    while not ((d / 'pid-0').exists() and (d / 'pid-2').exists()): time.sleep(0.01)\n"
+              "    sys.exit(7)\n"
+              "(d / f'pid-{rank}').write_text(str(os.getpid()))\n"
+              "time.sleep(60)\n"
+              "(d / f'finished-{rank}').write_text('')\n")
     assert launch([sys.executable, "-c", script], POD, 3, grace_s=5) == 7
-    assert time.monotonic() - t0 < 30  # the sleepers were terminated, not waited for
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pid-0", "pid-2"]  # nobody finished its sleep
+    for rank in (0, 2):
+        pid = int((tmp_path / f"pid-{rank}").read_text())
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", f"rank {rank} still runs"
 
 
-def test_rank_table_wait(tmp_path: Path) -> None:
+def test_rank_table_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table completes while the launcher waits (after its first look), and a table that never does
+    times out naming its status: both on a scripted clock, no wall-clock delays."""
+    from trex.runtime import launch as launch_module
+
     path = tmp_path / "hccl.json"
     path.write_text(json.dumps({"status": "initializing"}))
+    now = [0.0]
+    polls: list[float] = []
 
-    def complete() -> None:
-        time.sleep(0.3)
+    def sleep(s: float) -> None:  # the operator completes the table during the launcher's first poll pause
+        polls.append(s)
+        now[0] += s
         path.write_text(json.dumps({"status": "completed", "server_list": []}))
 
-    threading.Thread(target=complete).start()
+    monkeypatch.setattr(launch_module, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
     assert wait_rank_table(str(path), timeout_s=10, poll_s=0.05)["status"] == "completed"
+    assert polls == [0.05]
+
+    def idle(s: float) -> None:
+        now[0] += s
+
+    monkeypatch.setattr(launch_module, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=idle))
     path.write_text(json.dumps({"status": "initializing"}))
-    with pytest.raises(TimeoutError, match="initializing"):
+    with pytest.raises(TimeoutError, match=r"not completed after 0s \(status: initializing\)"):
         wait_rank_table(str(path), timeout_s=0.2, poll_s=0.05)
 
 

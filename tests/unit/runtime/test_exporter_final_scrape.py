@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import urllib.request
@@ -33,3 +34,30 @@ def test_gives_up_after_the_timeout_and_does_not_wait_when_not_serving() -> None
     e.serve(0, "127.0.0.1")
     assert e.wait_for_scrape(0.2) is False
     assert Exporter().wait_for_scrape(60.0) is False  # not serving: at once
+
+
+
+def test_the_wait_ends_only_once_the_response_is_on_the_wire() -> None:
+    """A pod exits as soon as the wait ends: the scrape's whole body must already be sent by then (a wait
+    that ended when the body was generated let the eval pod exit mid-response; Prometheus recorded it as
+    down and the Pass@1 per benchmark panel stayed empty)."""
+    e = Exporter()
+    port = e.serve(0, "127.0.0.1")
+    e.metric("trex_eval_pass_at_k", benchmark="b", k="1", protocol="strict").set(0.25)
+    done: list[bool] = []
+    waiter = threading.Thread(target=lambda: done.append(e.wait_for_scrape(30.0)))
+    waiter.start()
+    while not e._clock.cond._waiters:  # type: ignore[attr-defined]  # the wait has begun (no fixed delay)
+        time.sleep(0.01)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
+        waiter.join(30.0)
+        assert done == [True]
+        s.setblocking(False)  # read only what loopback already delivered: no waiting for more
+        data = b""
+        try:
+            while chunk := s.recv(1 << 16):
+                data += chunk
+        except BlockingIOError:
+            pass
+    assert 'trex_eval_pass_at_k{benchmark="b",k="1",protocol="strict"} 0.25' in data.decode()

@@ -67,6 +67,8 @@ def test_kill_minus_nine_then_resume_matches_uninterrupted(tmp_path: Path) -> No
     deadline = time.monotonic() + 120
     while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
+    # Kept: polling for the step-4 checkpoint, not a hook; 26 more steps would have to pass before the kill for a
+    # race, and then the exit code below fails loudly rather than passing.
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     assert not (run_dir / "ckpt" / "step-00000030").exists()
@@ -125,6 +127,7 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
+    # Kept: polling as above; 497 steps stand between the step-3 checkpoint and a run that ends by itself.
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
     summary = json.loads((tmp_path / "termination-log").read_text())

@@ -160,8 +160,8 @@ def test_accumulated_loss_is_token_weighted_like_one_big_batch(tmp_path: Path) -
                    data={"train": str(data), "seqLen": 24, "microBatchSize": 1, "globalBatchSize": 2,
                          "tokenizer": {"vocabSize": 300}})
     tr = Trainer(cfg, tmp_path, measure_peak=False, log=lambda _m: None)
-    assert isinstance(tr.loader, SampleLoader)
-    whole = SampleLoader(tr.loader.docs, tr.loader.seed, tr.loader.pad_id).next_batch(2, 24)
+    assert isinstance(tr.objective.loader, SampleLoader)
+    whole = SampleLoader(tr.objective.loader.docs, tr.objective.loader.seed, tr.objective.loader.pad_id).next_batch(2, 24)
     per_row = [float(x) for x in whole["loss_mask"].sum(1)]
     assert per_row[0] != per_row[1] and min(per_row) > 0
     with torch.no_grad():

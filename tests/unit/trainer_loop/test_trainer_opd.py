@@ -53,13 +53,13 @@ def test_trainer_distills_logs_and_resumes_bit_identically(tmp_path: Path) -> No
     ref = Trainer(_cfg(tmp_path / "a", teacher), tmp_path / "a", measure_peak=False, log=lambda _m: None)
     res = ref.run()
     kls = [r.loss for r in res.history]
-    assert len(kls) == 6 and all(r.opd is not None for r in res.history)
+    assert len(kls) == 6 and all(r.stats is not None for r in res.history)
     first, last = sum(kls[:2]) / 2, sum(kls[-2:]) / 2
     assert last < first, kls
-    rec = res.history[-1].opd
+    rec = res.history[-1].stats
     assert rec is not None and set(rec.kl) == {str(teacher)} and rec.cache_hit_bytes > 0
     assert rec.teacher_switches == 0 and rec.entropy > 0
-    assert [r.opd.teacher_loads for r in res.history if r.opd] == [1, 0, 0, 0, 0, 0]  # lazily, once
+    assert [r.stats.teacher_loads for r in res.history if r.stats] == [1, 0, 0, 0, 0, 0]  # lazily, once
     line = json.loads((tmp_path / "a" / "ckpt" / "metrics.jsonl").read_text().splitlines()[-1])
     assert line[f"opd_kl_{teacher}"] == pytest.approx(rec.kl[str(teacher)])
     assert {"opd_entropy", "opd_rollout_seconds", "opd_teacher_seconds", "opd_student_seconds"} <= set(line)
@@ -80,9 +80,9 @@ def test_teachers_pick_prompts_by_family_and_bad_teachers_are_refused_by_field(t
     cfg = _cfg(tmp_path / "f", teacher, teachers=[{"path": str(teacher), "items": "diet"},
                                                   {"path": str(other), "items": "p[23]", "weight": 0.5}])
     tr = Trainer(cfg, tmp_path / "f", measure_peak=False, log=lambda _m: None)
-    assert tr.opd is not None and tr.opd.teachers == [[str(teacher)], [str(teacher)], [str(other)], [str(other)]]
+    assert tr.objective.run is not None and tr.objective.run.teachers == [[str(teacher)], [str(teacher)], [str(other)], [str(other)]]
     rec = tr.train_step()
-    assert rec.opd is not None and set(rec.opd.kl) <= {str(teacher), str(other)}
+    assert rec.stats is not None and set(rec.stats.kl) <= {str(teacher), str(other)}
     with pytest.raises(ConfigProblem, match=r"opd\.teachers: prompt 'p2' matches no teacher"):
         Trainer(_cfg(tmp_path / "n", teacher, teachers=[{"path": str(teacher), "items": "diet"}]), tmp_path / "n",
                 measure_peak=False, log=lambda _m: None)

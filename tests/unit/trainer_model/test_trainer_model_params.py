@@ -137,11 +137,25 @@ def test_peak_catalog_mfu_and_memory() -> None:
     with pytest.raises(ValueError, match="unknown device"):
         device_peak("tpu9")
     assert mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
-    assert measure_cpu_peak_flops(seconds=0.02, n=64) > 0
-    assert measure_cpu_peak_flops(seconds=0.02, n=64, dtype="bf16") > 0
     with pytest.raises(ValueError, match="dtype"):
         measure_cpu_peak_flops(seconds=0.02, n=64, dtype="fp8")
     assert "6N" in FLOPS_CONVENTION
+
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cpu_peak_is_the_best_timed_run_exactly(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a scripted clock: run 1 takes 0.2 s, run 2 0.1 s, then the 1 s deadline passes; the peak is run 2's
+    4 GEMMs of 2 n^3 FLOPs each over 0.1 s, in the dtype asked for."""
+    from trex.trainer import mfu as mfu_module
+
+    ticks = iter([0.0, 0.1, 0.3, 0.3, 0.4, 0.5, 1.2])  # deadline base; (start, end, deadline check) x 2
+    monkeypatch.setattr(mfu_module.time, "perf_counter", lambda: next(ticks))
+    seen: list[torch.dtype] = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.append(a.dtype) or real_mm(a, b))
+    assert measure_cpu_peak_flops(seconds=1.0, n=8, dtype=dtype) == pytest.approx(4 * 2 * 8**3 / 0.1, rel=1e-12)
+    assert seen == [torch.bfloat16 if dtype == "bf16" else torch.float32] * 9  # a warm-up GEMM, then 4 per run
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -1,4 +1,4 @@
-"""The one validity rule (trainer.config.job_problems) as `trex validate`, the operator's models, `trex train`
+"""The one validity rule (trainer.rules.job_problems) as `trex validate`, the operator's models, `trex train`
 and `trex plan` apply it: unsupported fields and plans that exceed the device are one line naming the field."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 from trex.config_base import format_validation_error, load_section
-from trex.trainer.config import TrainerConfig, job_problems
+from trex.trainer.config import TrainerConfig
 from trex.trainer.mfu import DEVICES, GIB
 from trex.trainer.plan import plan_memory, with_swap
+from trex.trainer.rules import job_problems
 from trex_operator.api import TrainJob, memory_bytes
 from trex_operator.plan_cli import main as plan_main
 

@@ -11,13 +11,14 @@ import torch
 from trex.prompt_contract import training_messages
 from trex.text.chat import encode_chat
 from trex.text.tokenizer import load_or_train
-from trex.trainer.config import TrainerConfig, job_problems
+from trex.trainer.config import TrainerConfig
 from trex.trainer.data.sources import DataError
 from trex.trainer.rl.grpo import token_logprobs
 from trex.trainer.rl.prompts import PromptOrder, load_items, prompt_tokens
 from trex.trainer.rl.step import GRPORun, pack, response_text, stop_tokens_of
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
+from trex.trainer.rules import job_problems
 from trex.verify.items import Item, Truth
 
 QUESTIONS = [f"Maximize {k}x subject to x <= {k + 2} and x >= 0." for k in range(6)]
@@ -139,7 +140,7 @@ def test_validate_refuses_what_grpo_cannot_run_naming_the_field() -> None:
 
 
 def test_trainer_config_rules_need_prompts_and_whole_groups_per_rank() -> None:
-    from trex.trainer.loop import config_problems
+    from trex.trainer.rules import local_problems as config_problems
 
     cfg = TrainerConfig.model_validate({"mode": "grpo", "model": {"preset": "tiny"}})
     assert ("data.train", "mode 'grpo' needs prompts with ground truths: an ORDataJob's prompts rendering "

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trex.verify.imports import called_name, import_problem
+
 if TYPE_CHECKING:
     from trex.ordata.config import EndpointConfig
     from trex.ordata.ir import Instance
@@ -31,13 +33,14 @@ REASONS: dict[str, str] = {
     "ast.syntax_error": "the code does not parse",
     "ast.forbidden_import": "the code imports a module outside the allow-list",
     "ast.forbidden_call": "the code calls a function that touches files, processes, the network or dynamic code",
-    "ast.forbidden_attribute": "the code reaches into dunder attributes (introspection escapes)",
+    "ast.forbidden_attribute": "the code reaches a private or dunder attribute, a module as a value or a name outside the allow-list",
     "ast.no_solver_call": "the code never calls a solver (gurobipy .optimize(), highspy .run()/.minimize()/.maximize())",
     "ast.no_protocol_output": "the code never prints the TREX_RESULT protocol line",
     "exec.timeout": "the program ran past its wall-clock or CPU limit",
     "exec.resource_limit": "the program hit a memory, output, file-size or process limit",
     "exec.runtime_error": "the program exited with an error",
     "exec.no_result": "the recorded solve is optimal but has no objective",
+    "exec.forged_record": "a solve record the sandbox's solver recorder did not write (the run's records are refused)",
     "exec.no_solver_call": "the sandbox recorded no gurobipy/highspy solve (a printed TREX_RESULT does not count)",
     "structure.no_model": "the recorded solve carries no model text (larger than the cap, or not writable)",
     "structure.mismatch": "the recorded model is not the instance's model (ORGEval equivalence)",
@@ -116,35 +119,8 @@ class Cleaner:
 
 
 # --- AST contract -----------------------------------------------------------------------------------
-ALLOWED_IMPORTS = frozenset({
-    "gurobipy", "highspy", "numpy", "math", "cmath", "itertools", "json", "collections", "functools", "fractions",
-    "decimal", "statistics", "typing", "dataclasses", "operator", "heapq", "bisect", "random", "string", "enum",
-    "copy", "__future__",
-})
-FORBIDDEN_NAMES = frozenset({
-    "open", "exec", "eval", "compile", "__import__", "input", "breakpoint", "globals", "locals", "vars",
-    "getattr", "setattr", "delattr", "memoryview", "help", "__builtins__", "__loader__", "__spec__",
-})
-# Method names that read or write files, start processes or touch the network, whatever the receiver.
-FORBIDDEN_METHODS = frozenset({
-    "system", "popen", "Popen", "spawn", "urlopen", "connect", "load", "loads_file", "save", "savez",
-    "savez_compressed", "savetxt", "loadtxt", "genfromtxt", "fromfile", "tofile", "memmap", "dump", "write",
-    "read", "writeModel", "readModel", "writeSolution", "readSolution", "writeBasis", "readBasis", "writeInfo",
-    "writeOptions", "readOptions", "writeParams", "readParams", "setLogFile", "import_module",
-})
-ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__doc__"})
 SOLVER_METHODS = frozenset({"optimize", "run", "minimize", "maximize"})
 PROTOCOL_MARK = "TREX_RESULT"
-
-
-def _called_name(call: ast.Call) -> tuple[str | None, str | None]:
-    """(plain function name, method name) of a call."""
-    f = call.func
-    if isinstance(f, ast.Name):
-        return f.id, None
-    if isinstance(f, ast.Attribute):
-        return None, f.attr
-    return None, None
 
 
 def _mentions_protocol(node: ast.AST) -> bool:
@@ -152,40 +128,22 @@ def _mentions_protocol(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
-def ast_gate(code: str) -> GateResult:
-    """Static contract: parses; allowed imports only; no file/process/network/dynamic-code use; a solver
-    call; the TREX_RESULT line printed."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as exc:
-        return reject("ast.syntax_error", f"line {exc.lineno}: {exc.msg}")
-    except ValueError as exc:  # e.g. NUL bytes
-        return reject("ast.syntax_error", str(exc))
-    solver = protocol = False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            if isinstance(node, ast.ImportFrom) and node.level:
-                return reject("ast.forbidden_import", f"line {node.lineno}: relative import")
-            for mod in mods:
-                if mod.split(".")[0] not in ALLOWED_IMPORTS:
-                    return reject("ast.forbidden_import", f"line {node.lineno}: import {mod}")
-        elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
-            return reject("ast.forbidden_call", f"line {node.lineno}: {node.id}")
-        elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in ALLOWED_DUNDERS:
-                return reject("ast.forbidden_attribute", f"line {node.lineno}: .{node.attr}")
-        elif isinstance(node, ast.Call):
-            name, method = _called_name(node)
-            if method in FORBIDDEN_METHODS:
-                return reject("ast.forbidden_call", f"line {node.lineno}: .{method}()")
-            if method in SOLVER_METHODS:
-                solver = True
-            if name == "print" and _mentions_protocol(node):
-                protocol = True
-    if not solver:
+def import_gate(code: str, solver: str | None = None) -> GateResult:
+    """The import contract (:func:`trex.verify.imports.import_problem`) as a gate: ``ast.*`` reason codes."""
+    problem = import_problem(code, solver)
+    return accept() if problem is None else reject(f"ast.{problem[0]}", problem[1])
+
+
+def ast_gate(code: str, solver: str | None = None) -> GateResult:
+    """Static contract: :func:`import_gate` (allowed names only), a solver call, the TREX_RESULT line printed."""
+    g = import_gate(code, solver)
+    if not g.accepted:
+        return g
+    tree = ast.parse(code)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    if not any(called_name(c)[1] in SOLVER_METHODS for c in calls):
         return reject("ast.no_solver_call", "no .optimize(), .run(), .minimize() or .maximize() call")
-    if not protocol:
+    if not any(called_name(c)[0] == "print" and _mentions_protocol(c) for c in calls):
         return reject("ast.no_protocol_output", f"no print(...) of a {PROTOCOL_MARK} line")
     return accept()
 
@@ -205,6 +163,8 @@ class RunLike(Protocol):
     @property
     def solve(self) -> dict[str, Any] | None: ...
     @property
+    def records_refused(self) -> str | None: ...
+    @property
     def ok(self) -> bool: ...
 
 
@@ -221,6 +181,8 @@ def execution_gate(run: RunLike) -> GateResult:
         return reject("exec.resource_limit", str(run.killed_reason))
     if not run.ok:
         return reject("exec.runtime_error", f"exit {run.exit_code}, {run.killed_reason or ''} {_last_line(run.stderr)}".strip())
+    if run.records_refused:
+        return reject("exec.forged_record", run.records_refused)
     solve = run.solve
     if solve is None:
         return reject("exec.no_solver_call", "no gurobipy Model.optimize or highspy Highs.run was recorded")
@@ -249,20 +211,13 @@ def instance_model(inst: Instance) -> LinearModel:
 
 
 def structural_gate(solve: dict[str, Any] | None, reference: LinearModel) -> GateResult:
-    """The recorded model is the instance's model (ORGEval WL-equivalence), beyond objective agreement:
-    a dropped constraint, relaxed integrality or wrong coefficient is rejected whatever the objective."""
+    """The recorded model is the instance's model (ORGEval WL-equivalence, :func:`orgeval.structural_check`),
+    beyond objective agreement: a dropped constraint, relaxed integrality or wrong coefficient is rejected
+    whatever the objective."""
     from trex.verify import orgeval
 
-    lp = None if solve is None else solve.get("lp")
-    if not lp:
-        truncated = bool(solve and solve.get("lp_truncated"))
-        return reject("structure.no_model", "model larger than the recording cap" if truncated else "no LP text")
-    try:
-        candidate = orgeval.read_lp_text(lp)
-    except ValueError as exc:
-        return reject("structure.mismatch", f"recorded LP unreadable: {str(exc)[:200]}")
-    eq = orgeval.equivalent_models(candidate, reference)
-    return accept(eq.reason) if eq.equivalent else reject("structure.mismatch", eq.reason)
+    code, why = orgeval.structural_check(solve, reference)
+    return accept(why) if code is None else reject(f"structure.{code}", why)
 
 
 def objective_agrees(value: float, reference: float, tol: float) -> bool:

@@ -161,7 +161,7 @@ def process(plan: Plan, cfg: ORDataConfig, timer: StageTimer) -> Outcome:
                            attempts=attempts)
         code = cleaner.clean_code(code)
     with timer("gates"):
-        g = gates.ast_gate(code)
+        g = gates.ast_gate(code, plan.library)
         if g.accepted:
             g = gates.review_gate(problem, form_text, rendered.numbers)
     if not g.accepted:

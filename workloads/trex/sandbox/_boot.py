@@ -15,9 +15,10 @@ interpreter. Three stages, chosen by the configuration:
   drops every capability (and to the run's uid) and installs the seccomp filter;
 * ``audit``: join the cgroup, set the limits and run the user program.
 
-The user program always runs behind the solver recorder (:class:`_SolverHook`: every gurobipy
-``Model.optimize`` and highspy ``Highs.run``/``solve`` writes one JSON record of status,
-objective, sizes and the model's LP text to the records descriptor) and the audit-hook guard
+The user program always runs behind the solver recorder (:class:`_SolverHook` and :func:`_recorder`: every
+gurobipy ``Model.optimize`` and highspy ``Highs.run``/``solve`` writes one record of status, objective,
+sizes and the model's LP text to the records descriptor, tagged with an HMAC under a per-run key announced
+before the program runs) and the audit-hook guard
 (file access confined to the work folder plus read-only interpreter folders, no program
 execution, no UNIX sockets outside the folder; in ``audit`` mode also no network sockets and no
 signals to foreign processes). With ``--zygote FD`` the same code serves as a fork server.
@@ -80,7 +81,17 @@ _DENIED_SYMBOLS = frozenset(
 _SPECIAL_READ = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/proc/cpuinfo", "/proc/meminfo",
                  "/proc/stat", "/etc/localtime", "/etc/os-release", "/usr/lib/os-release", "/etc/timezone")
 _READ_ROOTS = ("/sys/devices/system/cpu/", "/sys/fs/cgroup/", "/usr/share/zoneinfo/")
-_PROC_SELF_DENIED = frozenset({"root", "cwd", "exe", "map_files"})
+# fd: reopening the records pipe's write end for reading would show the recorder's key line.
+_PROC_SELF_DENIED = frozenset({"root", "cwd", "exe", "map_files", "fd"})
+# Introspection that reaches other code's frames or objects (and with them the recorder's key):
+# refused always; in the thread that is recording a solve also frame and restricted-attribute access.
+_INTROSPECTION_EVENTS = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                                   "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback"})
+_RECORDING_EVENTS = frozenset({"object.__getattr__", "sys._getframe", "sys._getframemodulename"})
+
+
+class _HookRefused(RuntimeError):
+    """Raised for ``sys.addaudithook``: a later hook would run inside the recorder's calls."""
 
 
 def _fspath(p: Any) -> str | None:
@@ -109,6 +120,36 @@ class _Guard:
         self.max_procs = int(cfg["max_processes"]) - 1  # the program itself is one
         self.count_forks = bool(cfg["count_forks"])
         self.counter_fd = counter_fd
+        self.token: str | None = None  # paths holding it belong to the recorder
+        self.shielded: Any = None  # the recorder generator, whose frame the program must not reach
+        self.recording: int | None = None  # the thread recording a solve right now
+        import _thread
+
+        self._ident = _thread.get_ident
+
+    def protect(self, token: str) -> None:
+        """Refuse every path that holds ``token`` to all but the recording thread."""
+        self.token = token
+
+    def shield(self, gen: Any) -> None:
+        """Refuse restricted attributes (``gi_frame``, ``gi_code``) of ``gen``."""
+        self.shielded = gen
+
+    def _recorder_event(self, event: str, args: tuple[Any, ...]) -> None:
+        """The recorder's part of the hook: its frame, its thread and its LP file."""
+        here = self.recording is not None and self.recording == self._ident()
+        if event in _INTROSPECTION_EVENTS or (here and event in _RECORDING_EVENTS):
+            raise PermissionError(f"trex.sandbox: {event} is not allowed")
+        if event == "sys.addaudithook":
+            raise _HookRefused("trex.sandbox: adding audit hooks is not allowed")
+        if event == "object.__getattr__" and args and args[0] is self.shielded:
+            raise PermissionError("trex.sandbox: the solve recorder is not accessible")
+        token = self.token
+        if token and not here:
+            for a in args:
+                text = a if isinstance(a, str) else os.fsdecode(a) if isinstance(a, bytes) else _fspath(a)
+                if text is not None and token in text:
+                    raise PermissionError("trex.sandbox: the solve recorder's files are not accessible")
 
     # -- path helpers -----------------------------------------------------------------------
     def _resolve(self, path: str, dir_fd: Any = None) -> str:
@@ -143,6 +184,7 @@ class _Guard:
 
     # -- the hook ------------------------------------------------------------------------------
     def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        self._recorder_event(event, args)
         if event == "open":
             self._on_open(args)
         elif event in _MODIFY_EVENTS:
@@ -693,72 +735,163 @@ _HIGHS_STATUS = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kUnbounded
                  "kModelEmpty": "empty"}
 
 
-class _Recorder:
-    """Writes one JSON line per solve to the records descriptor (the parent reads it)."""
+RECORDS_HEADER = "trex-records-v2"
+# Callable kinds a solver reader may be: C-level methods that type-check ``self`` (a Python function
+# registered in their place could return anything).
+_C_METHODS = frozenset({"cython_function_or_method", "method_descriptor", "builtin_function_or_method"})
+_READERS = {"gurobipy": ("Model", ("getAttr", "write")),
+            "highspy": ("Highs", ("getModelStatus", "getInfo", "getOptionValue", "setOptionValue", "writeModel",
+                                  "getNumCol", "getNumRow"))}
 
-    def __init__(self, fd: int, workdir: str, model_cap: int) -> None:
-        self.fd, self.dir, self.cap, self.count = fd, workdir, model_cap, 0
 
-    def _lp(self, write: Any) -> tuple[str | None, bool]:
-        path = os.path.join(self.dir, f".trex-solve-{os.getpid()}-{self.count}.lp")
+def _c_method(fn: Any, name: str) -> bool:
+    """``fn`` is a compiled method called ``name`` (pybind wraps its functions in ``instancemethod``)."""
+    if type(fn).__name__ == "instancemethod":
+        fn = getattr(fn, "__func__", None)
+    return type(fn).__name__ in _C_METHODS and str(getattr(fn, "__qualname__", "")).endswith("." + name)
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        return False
+    return True
+
+
+def _recorder(fd: int, workdir: str, cap: int, guard: Any, parking: list[Any]) -> Any:
+    """The solve recorder, a generator the program can only ask to record a real solver object.
+
+    Primed before the program runs, it draws a per-run key, writes ``trex-records-v2 <key>`` as the first
+    line of the records descriptor (the parent takes the key from there, so nothing written later can
+    replace it) and keeps the key only inside an OpenSSL HMAC object in this frame. Each later
+    ``send((solver, obj))`` reads the object through the compiled methods of the solver's own class
+    (captured when the solver was imported: a subclass cannot override them) and writes
+    ``<hmac> {json with seq}``. A forked child records nothing; exceptions never leave the frame (a
+    traceback would lead into it); the guard keeps the frame and the LP file away from the program."""
+    import gc
+    import hashlib
+    import hmac
+    import json
+    import math
+    import secrets
+    import threading
+
+    key = secrets.token_bytes(32)
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    ok = _write_all(fd, f"{RECORDS_HEADER} {key.hex()}\n".encode())
+    del key
+    token = secrets.token_hex(16)
+    guard.protect(token)
+    pid, seq, readers = os.getpid(), 0, {}
+    request: Any = None
+    while True:
         try:
-            write(path)
-            with open(path, "rb") as fh:
-                data = fh.read(self.cap + 1)
-        except Exception:
-            return None, False
-        finally:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        if len(data) > self.cap:
-            return None, True
-        return data.decode("utf-8", "replace"), False
-
-    def emit(self, api: str, status: str, objective: Any, num_vars: int, num_constrs: int, write: Any) -> None:
-        import json
-        import math
-
-        self.count += 1
-        if self.count > MAX_RECORDS or self.fd < 0:
+            request = yield
+        except GeneratorExit:
             return
-        lp, truncated = self._lp(write)
-        obj = float(objective) if isinstance(objective, int | float) and math.isfinite(objective) else None
-        line = json.dumps({"api": api, "status": status, "objective": obj, "num_vars": int(num_vars),
-                           "num_constrs": int(num_constrs), "lp": lp, "lp_truncated": truncated}) + "\n"
-        data = line.encode()
+        except BaseException as exc:  # throw(): the exception must not leave with a traceback into this frame
+            BaseException.with_traceback(exc, None)
+            del exc
+            continue
+        # Until the next yield no Python code of the program may look at frames in this thread (user code can
+        # run inside: a property, a finaliser), no collection runs finalisers here and the program's objects are
+        # parked, not dropped: the caller empties ``parking`` once this frame is suspended again.
+        guard.recording = threading.get_ident()
+        collecting = gc.isenabled()
+        gc.disable()
         try:
-            while data:
-                data = data[os.write(self.fd, data):]
+            parking.append(request)
+            if type(request) is not tuple or len(request) != 2 or type(request[0]) is not str:
+                continue
+            kind, obj = request
+            if kind == "register":
+                if type(obj) is not tuple or len(obj) != 2 or obj[0] not in _READERS or obj[0] in readers:
+                    continue
+                name, module = obj
+                cls_name, names = _READERS[name]
+                cls = getattr(module, cls_name)
+                methods: Any = {n: getattr(cls, n) for n in names}
+                if isinstance(cls, type) and all(_c_method(f, n) for n, f in methods.items()):
+                    readers[name] = (cls, methods)
+            elif ok and kind in readers and os.getpid() == pid and seq < MAX_RECORDS and isinstance(obj, readers[kind][0]):
+                fields: Any = (_read_gurobi if kind == "gurobipy" else _read_highs)(obj, readers[kind][1])
+                path = os.path.join(workdir, f".trex-{token}-{seq}.lp")
+                lp, truncated = _model_text(fields.pop("write"), obj, path, cap)
+                seq += 1
+                value = fields["objective"]
+                fields["objective"] = float(value) if type(value) in (int, float) and math.isfinite(value) else None
+                body = json.dumps({"seq": seq, "api": kind, **fields, "lp": lp, "lp_truncated": truncated}).encode()
+                digest = mac.copy()
+                digest.update(body)
+                ok = _write_all(fd, digest.hexdigest().encode() + b" " + body + b"\n")
+        except BaseException as exc:  # the program's exception must not carry a traceback into this frame
+            BaseException.with_traceback(exc, None)
+            parking.append(exc)
+            del exc
+        finally:
+            request = kind = obj = name = module = cls = methods = fields = None
+            if collecting:
+                gc.enable()
+            guard.recording = None
+
+
+def _read_gurobi(m: Any, f: dict[str, Any]) -> dict[str, Any]:
+    get = f["getAttr"]
+    code = get(m, "Status")
+    obj = get(m, "ObjVal") if get(m, "SolCount") > 0 else None
+    return {"status": _GRB_STATUS.get(code, f"gurobi_status_{code}"), "objective": obj,
+            "num_vars": int(get(m, "NumVars")), "num_constrs": int(get(m, "NumConstrs")),
+            "write": lambda path: f["write"](m, path)}
+
+
+def _read_highs(h: Any, f: dict[str, Any]) -> dict[str, Any]:
+    status = _HIGHS_STATUS.get(str(f["getModelStatus"](h)).rsplit(".", 1)[-1], "other")
+    obj = f["getInfo"](h).objective_function_value if status == "optimal" else None
+    quiet = f["getOptionValue"](h, "output_flag")
+    quiet = quiet[1] if isinstance(quiet, tuple) else quiet
+
+    def write(path: str) -> None:
+        f["setOptionValue"](h, "output_flag", False)  # writeModel announces itself on stdout otherwise
+        try:
+            f["writeModel"](h, path)
+        finally:
+            f["setOptionValue"](h, "output_flag", bool(quiet))
+
+    return {"status": status, "objective": obj, "num_vars": int(f["getNumCol"](h)),
+            "num_constrs": int(f["getNumRow"](h)), "write": write}
+
+
+def _model_text(write: Any, obj: Any, path: str, cap: int) -> tuple[str | None, bool]:
+    """The model as LP text through a file only the recording thread may touch (the guard refuses the
+    token in any other thread's path); (None, True) when larger than ``cap``."""
+    try:
+        write(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            data = os.read(fd, cap + 1)
+        finally:
+            os.close(fd)
+    except Exception:
+        return None, False
+    finally:
+        try:
+            os.unlink(path)
         except OSError:
-            self.fd = -1
-
-    def gurobi(self, m: Any) -> None:
-        status = _GRB_STATUS.get(m.Status, f"gurobi_status_{m.Status}")
-        obj = m.ObjVal if m.SolCount > 0 else None
-        self.emit("gurobipy", status, obj, m.NumVars, m.NumConstrs, m.write)
-
-    def highs(self, h: Any) -> None:
-        status = _HIGHS_STATUS.get(str(h.getModelStatus()).rsplit(".", 1)[-1], "other")
-        obj = h.getInfo().objective_function_value if status == "optimal" else None
-        quiet = h.getOptionValue("output_flag")
-        quiet = quiet[1] if isinstance(quiet, tuple) else quiet
-
-        def write(path: str) -> None:
-            h.setOptionValue("output_flag", False)  # writeModel announces itself on stdout otherwise
-            try:
-                h.writeModel(path)
-            finally:
-                h.setOptionValue("output_flag", bool(quiet))
-
-        self.emit("highspy", status, obj, h.getNumCol(), h.getNumRow(), write)
+            pass
+    if len(data) > cap:
+        return None, True
+    return data.decode("utf-8", "replace"), False
 
 
-def _instrument(name: str, module: Any, rec: _Recorder) -> None:
-    """Wrap gurobipy ``Model.optimize`` and highspy ``Highs.run``/``solve`` so each solve is recorded."""
+def _instrument(name: str, module: Any, send: Any, parking: list[Any]) -> None:
+    """Register ``module``'s readers with the recorder and wrap gurobipy ``Model.optimize`` and highspy
+    ``Highs.run``/``solve`` so that each call sends the solved object to it."""
+    send(("register", (name, module)))
+    parking.clear()
 
-    def wrap(cls: Any, attr: str, record: Any) -> None:
+    def wrap(cls: Any, attr: str) -> None:
         original = getattr(cls, attr, None)
         if original is None:
             return
@@ -767,25 +900,23 @@ def _instrument(name: str, module: Any, rec: _Recorder) -> None:
             try:
                 return original(self, *args, **kwargs)
             finally:
-                try:
-                    record(self)
-                except Exception:
-                    pass
+                send((name, self))
+                parking.clear()  # objects the recorder held are dropped here, outside its frame
 
         setattr(cls, attr, solve)
 
     if name == "gurobipy" and hasattr(module, "Model"):
-        wrap(module.Model, "optimize", rec.gurobi)
+        wrap(module.Model, "optimize")
     elif name == "highspy" and hasattr(module, "Highs"):
-        wrap(module.Highs, "run", rec.highs)
-        wrap(module.Highs, "solve", rec.highs)
+        wrap(module.Highs, "run")
+        wrap(module.Highs, "solve")
 
 
 class _SolverHook:
     """A meta-path finder that instruments gurobipy and highspy as they are imported."""
 
-    def __init__(self, rec: _Recorder) -> None:
-        self.rec = rec
+    def __init__(self, send: Any, parking: list[Any]) -> None:
+        self.send, self.parking = send, parking
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name not in ("gurobipy", "highspy"):
@@ -796,11 +927,11 @@ class _SolverHook:
         loader = getattr(spec, "loader", None)
         if spec is None or loader is None or not hasattr(loader, "exec_module"):
             return spec
-        original, rec = loader.exec_module, self.rec
+        original, send, parking = loader.exec_module, self.send, self.parking
 
         def exec_module(module: Any) -> None:
             original(module)
-            _instrument(name, module, rec)
+            _instrument(name, module, send, parking)
 
         loader.exec_module = exec_module
         return spec
@@ -956,13 +1087,19 @@ def _run_program(cfg: dict[str, Any]) -> None:
     import json  # noqa: F401
     import math  # noqa: F401
 
-    sys.meta_path.insert(0, _SolverHook(_Recorder(cfg["records_fd"], cfg["dir"], cfg["model_cap"])))
+    guard = _Guard(cfg, counter_fd)
+    parking: list[Any] = []
+    recorder = _recorder(cfg["records_fd"], guard.dir, cfg["model_cap"], guard, parking)
+    next(recorder)
+    guard.shield(recorder)
+    sys.meta_path.insert(0, _SolverHook(recorder.send, parking))
     script = os.path.join(cfg["dir"], cfg["script"])
     with open(script, "rb") as fh:
         source = fh.read()
     sys.path.insert(0, cfg["dir"])
     sys.argv = [script]
-    sys.addaudithook(_Guard(cfg, counter_fd))
+    sys.addaudithook(guard)
+    del guard, recorder, parking
     module = types.ModuleType("__main__")
     module.__file__ = script
     module.__builtins__ = __builtins__  # type: ignore[attr-defined]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -30,6 +32,7 @@ from trex.sandbox._boot import (
     EXEC_MARK,
     MAX_RECORDS,
     RECORDS_FD,
+    RECORDS_HEADER,
     RUNS,
 )
 from trex.sandbox.protocol import parse_protocol
@@ -108,6 +111,8 @@ class SandboxResult:
     """How ``max_processes`` was enforced: ``cgroup`` (pids.max), ``rlimit`` (RLIMIT_NPROC) or ``guard``."""
     uid: int | None = None
     """The unprivileged uid of its own the program ran as, when privileges were dropped."""
+    records_refused: str | None = None
+    """Why the solve records were refused (a line the recorder did not write; ``solves`` is then empty)."""
 
     @property
     def solve(self) -> dict[str, Any] | None:
@@ -517,26 +522,47 @@ def classify(*, timed_out: bool, overflow: bool, exit_code: int | None, sig: int
 
 
 _RECORD_TYPES: dict[str, tuple[type, ...]] = {
-    "api": (str,), "status": (str,), "objective": (float, int, type(None)), "num_vars": (int,),
+    "seq": (int,), "api": (str,), "status": (str,), "objective": (float, int, type(None)), "num_vars": (int,),
     "num_constrs": (int,), "lp": (str, type(None)), "lp_truncated": (bool,),
 }
 
 
-def parse_records(data: bytes) -> list[dict[str, Any]]:
-    """The solve records of the records pipe: one JSON object per line; lines of another shape are dropped."""
+def parse_records(data: bytes) -> tuple[list[dict[str, Any]], str | None]:
+    """The solve records of the records pipe, each checked against the recorder's key: (records, None), or
+    ([], why) when any line is not the recorder's (a record that arrives any other way fails the run).
+
+    The recorder writes ``trex-records-v2 <key>`` before the program runs, then ``<hmac-sha256> <json>``
+    per solve with ``seq`` 1, 2, ...; a wrong tag, a gap, a repeat or a line of another shape is refused.
+    """
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if not lines:
+        return [], None
+    head, _, key_hex = lines[0].partition(b" ")
+    try:
+        key = bytes.fromhex(key_hex.decode("ascii"))
+    except ValueError:
+        key = b""
+    if head.decode("latin-1") != RECORDS_HEADER or len(key) != 32:
+        return [], "the records channel does not start with the recorder's key"
     out: list[dict[str, Any]] = []
-    for line in data.splitlines()[:MAX_RECORDS]:
+    for n, line in enumerate(lines[1:], 1):
+        tag, _, body = line.partition(b" ")
+        if n > MAX_RECORDS or not hmac.compare_digest(tag, hmac.new(key, body, hashlib.sha256).hexdigest().encode()):
+            return [], f"record {n} was not written by the solver recorder"
         try:
-            rec = json.loads(line)
+            rec = json.loads(body)
         except ValueError:
-            continue
-        if not isinstance(rec, dict) or set(rec) != set(_RECORD_TYPES):
-            continue
-        if all(isinstance(rec[k], t) and not (isinstance(rec[k], bool) and bool not in t)
-               for k, t in _RECORD_TYPES.items()):
-            rec["objective"] = None if rec["objective"] is None else float(rec["objective"])
-            out.append(rec)
-    return out
+            rec = None
+        if not isinstance(rec, dict) or set(rec) != set(_RECORD_TYPES) or not all(
+                isinstance(rec[k], t) and not (isinstance(rec[k], bool) and bool not in t)
+                for k, t in _RECORD_TYPES.items()) or rec["seq"] != n:
+            return [], f"record {n} is malformed or out of sequence"
+        del rec["seq"]
+        rec["objective"] = None if rec["objective"] is None else float(rec["objective"])
+        out.append(rec)
+    return out, None
 
 
 def parse_collected(data: bytes, names: Sequence[str]) -> dict[str, bytes]:
@@ -945,10 +971,11 @@ def _run(code: str, mode: str, limits: Limits, inputs: Mapping[str, str | bytes]
         reason = classify(timed_out=timed_out, overflow=overflow, exit_code=exit_code, sig=sig, stderr=stderr)
         collected = (parse_collected(bytes(streams[3].data), names) if own_root
                      else _collect(work, names, limits.max_file_mb << 20))
+        solves, refused = parse_records(bytes(streams[2].data))
         return SandboxResult(
             stdout=stdout, stderr=stderr, exit_code=exit_code, signal=sig, timed_out=timed_out, wall_s=wall,
             killed_reason=reason, result=parse_protocol(stdout), files=collected, mode=mode, uid=run_uid,
-            solves=parse_records(bytes(streams[2].data)),
+            solves=solves, records_refused=refused,
             process_limit="cgroup" if cgroup is not None else ("guard" if cfg["count_forks"] else "rlimit"),
         )
     finally:

@@ -150,8 +150,11 @@ def panels() -> list[Panel]:
               (Target(f"max by (kernel, shape, dtype, device, baseline) ({m('trex_kernel_speedup')}{{{SEL}}})",
                       "{{kernel}} {{shape}} {{dtype}} {{device}} vs {{baseline}}", instant=True),),
               unit="x", kind="bargauge"),
-        Panel("Pass@1 per benchmark", "Unbiased pass@1 per benchmark and protocol.",
-              (Target(f"max by (benchmark, protocol) ({m('trex_eval_pass_at_k')}{{{SEL}, k=\"1\"}})",
+        Panel("Pass@1 per benchmark", "Unbiased pass@1 per benchmark and protocol. The eval pod serves its final "
+              "gauges for one scrape before it exits, so each series may hold a single sample: last_over_time "
+              "over the step shows it at whatever step the range query lands on.",
+              (Target(f"max by (benchmark, protocol) (last_over_time({m('trex_eval_pass_at_k')}{{{SEL}, k=\"1\"}}"
+                      "[$__interval]))",
                       "{{benchmark}} ({{protocol}})"),), unit="percentunit"),
         Panel("Pass@1 per EvalJob", "Each EvalJob's Pass@1 per benchmark from its status (the operator exports "
               "it while the job exists, long after the eval pod is gone).",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from trex.telemetry.metrics import spec
@@ -15,20 +17,31 @@ usual intervals are 15-30 s; a pod that exits first takes its last results with 
 
 
 class _ScrapeClock:
-    """A collector that yields nothing and records when the registry was last scraped."""
+    """When the last scrape's response had been written to the scraper's socket (not merely generated: a
+    process that exits between the two loses that scrape, and Prometheus records the target as down)."""
 
     def __init__(self) -> None:
         self.last = 0.0
         self.cond = threading.Condition()
 
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> list[Any]:
+    def mark(self) -> None:
         with self.cond:
             self.last = time.monotonic()
             self.cond.notify_all()
-        return []
+
+
+class _Sent:
+    """A WSGI response body whose ``close`` (called by the server after the last byte went out) marks the clock."""
+
+    def __init__(self, body: Iterable[bytes], clock: _ScrapeClock) -> None:
+        self.body = body
+        self.clock = clock
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        self.clock.mark()
 
 
 class Exporter:
@@ -42,7 +55,6 @@ class Exporter:
         self._m: dict[str, Any] = {}
         self.port: int | None = None
         self._clock = _ScrapeClock()
-        self.registry.register(self._clock)
 
     def metric(self, name: str, **labels: str) -> Any:
         """The metric (or its labelled child) for ``name``, created on first use."""
@@ -60,19 +72,37 @@ class Exporter:
     def serve(self, port: int | None = None, addr: str | None = None) -> int:
         """Serve /metrics on ``port`` (None: TREX_METRICS_PORT; 0 picks a free port) at ``addr`` (None:
         TREX_METRICS_ADDR, else all interfaces). Returns the port."""
-        from prometheus_client import start_http_server
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
 
         if port is None:
             port = int(os.environ.get("TREX_METRICS_PORT", "0"))
-        if addr is None:
-            addr = os.environ.get("TREX_METRICS_ADDR") or "0.0.0.0"
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        host = addr if addr is not None else os.environ.get("TREX_METRICS_ADDR") or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        metrics = make_wsgi_app(self.registry)
+        clock = self._clock
+
+        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            body: Iterable[bytes] = metrics(environ, start_response)
+            return _Sent(body, clock) if environ.get("PATH_INFO") != "/favicon.ico" else body
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                """Log nothing."""
+
+        class Server(ThreadingWSGIServer):
+            address_family = family
+
+        server = make_server(host, port, app, Server, handler_class=Quiet)
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
         self.port = int(server.server_address[1])
         return self.port
 
     def wait_for_scrape(self, timeout_s: float = FINAL_SCRAPE_WAIT_S) -> bool:
-        """When serving: block until the endpoint is scraped once more (so final values reach Prometheus)
-        or ``timeout_s`` passes; True when a scrape came. Not serving: returns False at once."""
+        """When serving: block until a scrape's response has been sent once more (so final values reach
+        Prometheus) or ``timeout_s`` passes; True when one was. Not serving: returns False at once."""
         if self.port is None:
             return False
         start = time.monotonic()

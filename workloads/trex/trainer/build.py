@@ -80,7 +80,7 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
         return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind, model=model), None)
     from trex.trainer.parallel.muon import ShardedOrthogonalize
 
-    model, parallel = distributed_model(ModelArgs.from_config(cfg.model), layout.dims, layout.meshes, dtype,
+    model, parallel = distributed_model(cfg.model.args, layout.dims, layout.meshes, dtype,
                                         device.torch_device(), cfg.seed,
                                         reshard_after_forward=cfg.parallelism.reshard_after_forward,
                                         recompute=cfg.recompute)
@@ -91,17 +91,17 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
 
 
 def distributed_model(args: ModelArgs, dims: ParallelDims, meshes: Meshes, dtype: torch.dtype, device: torch.device,
-                      seed: int, *,
-                      reshard_after_forward: bool = True, recompute: str = "none") -> tuple[DeepSeekModel, Any]:
+                      seed: int, *, reshard_after_forward: bool = True, recompute: str = "none",
+                      frozen: bool = False) -> tuple[DeepSeekModel, Any]:
     """A model of shape ``args`` built on the meta device, distributed by ``layout`` (trex.trainer.parallel) and
-    materialised shard by shard with the seed's initial values. Sharded bf16 parameters are fp32 masters; FSDP2
-    gathers them in ``dtype`` for compute (the trainer's model and opd's teachers). Returns the model and its
-    Parallelized."""
+    materialised shard by shard with the seed's initial values. Sharded bf16 parameters of a trained model are fp32
+    masters; FSDP2 gathers them in ``dtype`` for compute. A ``frozen`` model (opd's teachers) is stored in ``dtype``
+    itself: nothing updates it, so it needs no masters. Returns the model and its Parallelized."""
     from trex.trainer.model.model import build_model_from_args
     from trex.trainer.parallel.init import materialize
     from trex.trainer.parallel.parallelize import parallelize
 
-    master = torch.float32 if dtype == torch.bfloat16 else dtype
+    master = torch.float32 if dtype == torch.bfloat16 and not frozen else dtype
     model = build_model_from_args(args, device="meta", dtype=master, seed=seed)
     parallel = parallelize(model, dims, meshes, param_dtype=dtype, reshard_after_forward=reshard_after_forward,
                            recompute=recompute)

@@ -10,10 +10,14 @@ overrides one field (camelCase path, YAML value); `--print-config` prints the re
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trex.trainer.loop import Trainer, TrainResult
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_TERMINATED = 0, 1, 2, 143
 
@@ -62,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    from trex.trainer.config import job_problems
+    from trex.trainer.rules import job_problems
 
-    problems = job_problems(cfg, env.world_size)  # the rule `trex validate` and the operator apply
+    # The rule `trex validate` and the operator apply, with this machine's files (the Trainer does not run it again).
+    problems = job_problems(cfg, env.world_size, local=not args.print_config)
     if problems:
         print(f"trex train: invalid config: {problems[0][0]}: {problems[0][1]}", file=sys.stderr)
         return EXIT_CONFIG
@@ -76,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from trex.telemetry.progress import Progress
     from trex.telemetry.summary import write_termination_summary
-    from trex.trainer.data.build import packing_line
-    from trex.trainer.data.loader import SampleLoader
-    from trex.trainer.loop import ConfigProblem, Trainer, finite_or_none, install_sigterm
+    from trex.trainer.loop import Trainer, install_sigterm
+    from trex.trainer.rules import ConfigProblem
 
     start = time.time()
     port = args.metrics_port
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if env.world_size > 1:
             group = _join_job(env, cfg.device, cfg.deterministic)
-        trainer = Trainer(cfg, args.out, group=group, job_name=env.job_name, metrics_port=port)
+        trainer = Trainer(cfg, args.out, group=group, job_name=env.job_name, metrics_port=port, checked=True)
     except ConfigProblem as e:
         print(f"trex train: invalid config: {e}", file=sys.stderr)
         _leave(group)
@@ -101,9 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         _leave(group)
         return EXIT_FAILURE
     install_sigterm(trainer)
-    packing = packing_line(trainer.loader, cfg.data.seq_len)
-    if packing is not None and trainer.rank == 0:
-        trainer.log(packing)
+    for line in trainer.objective.notes() if trainer.rank == 0 else []:
+        trainer.log(line)
     try:
         with Progress("train", cfg.max_steps, every_s=0.0) as progress:
             progress.done = (trainer.ckpt.latest_step() or 0) if cfg.checkpoint.resume else 0
@@ -115,47 +118,57 @@ def main(argv: list[str] | None = None) -> int:
         write_termination_summary(summary)
         _leave(group)
         return EXIT_FAILURE
-    summary.update(
-        result="Interrupted" if result.interrupted else "Succeeded", step=result.final_step,
-        maxSteps=cfg.max_steps, loss=finite_or_none(result.loss), mfu=finite_or_none(result.mfu),
-        lastCheckpointStep=result.last_checkpoint, skippedSteps=result.skipped_steps, spikes=result.spikes,
-        tokens=trainer.tokens_seen, seconds=round(time.time() - start, 3),
-    )
-    if isinstance(trainer.loader, SampleLoader):
-        summary["sftSamples"] = dict(trainer.loader.counts)
-    if cfg.kernels.registry:
-        summary["kernels"] = trainer.kernels.summary()
-        if trainer.rank == 0:
-            trainer.log(trainer.kernels.coverage_line())
-        if trainer.telemetry is not None:  # the called classes are known now
-            trainer.kernels.export(trainer.telemetry.exporter, trainer.job)
-    if trainer.telemetry is not None:
-        summary.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
-                       flopsConvention=trainer.telemetry.convention)
-    swapped = [r.swap for r in result.history if r.swap is not None]
-    if swapped:
-        from trex.trainer.optim.swap import summary as swap_summary
-
-        summary["swap"] = swap_summary(swapped)
-    rl = [r.grpo for r in result.history if r.grpo is not None]
-    if rl:
-        from trex.trainer.rl.step import summary as grpo_summary
-
-        summary["grpo"] = grpo_summary(rl)
+    summary.update(_result(trainer, result, time.time() - start))
     if not result.interrupted and cfg.checkpoint.export_hf:
         exported = _export(trainer)
         if trainer.rank == 0:
             summary["hfExport"] = exported
     _leave(group, done=True)
     write_termination_summary(summary)
+    print(_last_line(trainer, result, summary), file=sys.stderr)
+    return EXIT_TERMINATED if result.interrupted else EXIT_OK
+
+
+def _result(trainer: Trainer, result: TrainResult, seconds: float) -> dict[str, Any]:
+    """The termination summary's entries of a finished (or interrupted) run: the loop's, the kernels', the MFU
+    denominator's, the swap optimizer's and the objective's own."""
+    cfg = trainer.cfg
+    out: dict[str, Any] = {
+        "result": "Interrupted" if result.interrupted else "Succeeded", "step": result.final_step,
+        "maxSteps": cfg.max_steps, "loss": finite_or_none(result.loss), "mfu": finite_or_none(result.mfu),
+        "lastCheckpointStep": result.last_checkpoint, "skippedSteps": result.skipped_steps, "spikes": result.spikes,
+        "tokens": trainer.tokens_seen, "seconds": round(seconds, 3)}
+    if cfg.kernels.registry:
+        out["kernels"] = trainer.kernels.summary()
+        if trainer.rank == 0:
+            trainer.log(trainer.kernels.coverage_line())
+        if trainer.telemetry is not None:  # the called classes are known now
+            trainer.kernels.export(trainer.telemetry.exporter, trainer.job)
+    if trainer.telemetry is not None:
+        out.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
+                   flopsConvention=trainer.telemetry.convention)
+    swapped = [r.swap for r in result.history if r.swap is not None]
+    if swapped:
+        from trex.trainer.optim.swap import summary as swap_summary
+
+        out["swap"] = swap_summary(swapped)
+    out.update(trainer.objective.summary())
+    return out
+
+
+def _last_line(trainer: Trainer, result: TrainResult, summary: dict[str, Any]) -> str:
+    """How the run ended, in one line: step, loss, MFU, last checkpoint, swap overlap and the objective's own."""
     loss_s = f"{result.loss:.4f}" if result.loss is not None else "n/a"
     mfu_s = f"{100 * result.mfu:.2f}%" if result.mfu is not None else "n/a"
-    print(f"trex train: {summary['result'].lower()} at step {result.final_step}/{cfg.max_steps}, loss {loss_s}, "
-          f"MFU {mfu_s}, last checkpoint {result.last_checkpoint}"
-          + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else "")
-          + (f", reward {summary['grpo']['rewardMeanFirst']:.3f} -> {summary['grpo']['rewardMeanLast']:.3f}"
-             if "grpo" in summary else ""), file=sys.stderr)
-    return EXIT_TERMINATED if result.interrupted else EXIT_OK
+    return (f"trex train: {str(summary['result']).lower()} at step {result.final_step}/{trainer.cfg.max_steps}, "
+            f"loss {loss_s}, MFU {mfu_s}, last checkpoint {result.last_checkpoint}"
+            + (f", swap overlap {summary['swap']['overlapRatio']:.2f}" if "swap" in summary else "")
+            + trainer.objective.summary_line())
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """None for missing or non-finite values (JSON-friendly summaries)."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _export(trainer: Any) -> str | None:

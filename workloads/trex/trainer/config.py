@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from trex.config_base import TrexModel, check_dns1123_label
 from trex.reasoning import ReasoningMode, mode_problems
-
-if TYPE_CHECKING:
-    from trex.trainer.mfu import DeviceSku
-    from trex.trainer.plan import MemoryPlan
+from trex.trainer.model_args import ModelArgs
+from trex.trainer.presets import resolve_model_values
 
 Preset = Literal["tiny", "small-cpu", "small-gpu", "v4-flash", "v4-pro"]
 PRESETS: tuple[str, ...] = ("tiny", "small-cpu", "small-gpu", "v4-flash", "v4-pro")
@@ -125,13 +122,16 @@ class ModelConfig(TrexModel):
     @model_validator(mode="after")
     def _shape(self) -> ModelConfig:
         """The resolved shape must build: the model's own checks, at validate time (no torch import)."""
-        from trex.trainer.model_args import ModelArgs
-
         try:
-            ModelArgs.from_config(self)
+            _ = self.args
         except ValueError as e:
             raise ValueError(f"overrides: {e}") from None
         return self
+
+    @property
+    def args(self) -> ModelArgs:
+        """The resolved shape the model is built with: the preset's values, the overrides and the qat mode."""
+        return ModelArgs.from_values({**resolved_model_values(self), "qat": self.qat})
 
 
 class ParallelismConfig(TrexModel):
@@ -399,7 +399,7 @@ class KernelsConfig(TrexModel):
 
 
 class RewardWeightsConfig(TrexModel):
-    """Weights of the OR verifier's three reward terms (SIRL's 0.5 / 1 / 1 by default)."""
+    """Weights of the OR verifier's three reward terms (SIRL's 0.5 / 1 / 1 by default) and its checks."""
 
     format: float = Field(default=0.5, ge=0)
     """One fenced python block that compiles."""
@@ -407,6 +407,13 @@ class RewardWeightsConfig(TrexModel):
     """The program exited 0 and the sandbox recorded a solve its re-solve confirms."""
     objective: float = Field(default=1.0, ge=0)
     """The recorded solve matches the ground truth under ``protocol``."""
+    structure: bool = True
+    """Where the prompt has a reference model (an ORData prompt's reference answer, a Bench4Opt reference LP),
+    the execution and objective terms also need the recorded model to be that model (ORGEval equivalence): a
+    pinned or trivial model earns the format term only."""
+    import_gate: bool = True
+    """Run only programs within the ORData import contract (allowed names of allowed modules, no private
+    attributes); any other program earns the format term only."""
 
 
 class GRPOConfig(TrexModel):
@@ -621,145 +628,6 @@ def lr_decay_start(schedule: ScheduleConfig) -> int | None:
 
 
 def resolved_model_values(cfg: ModelConfig) -> dict[str, object]:
-    """The model's effective shape: preset values with overrides applied."""
-    from trex.trainer.presets import resolve_model_values
-
+    """The model's effective shape as a snake_case mapping (the memory plan, FLOP and kernel-shape counts read it):
+    preset values with overrides applied."""
     return resolve_model_values(cfg.preset, cfg.overrides.model_dump())
-
-
-def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
-    """Check the parallel degrees against the world size and model shape (MoE parallel folding).
-
-    Rules: pp divides world; tp x pp divides world and dp = world / (tp x pp) when dp is unset;
-    ep x etp x pp divides world (the MoE mesh is folded onto the same ranks as attention, so
-    edp = world / (ep x etp x pp)); ep divides the routed expert count; etp divides the expert
-    hidden size; tp divides the head count; pp does not exceed the layer count.
-    Returns (field path, message) pairs; empty means valid.
-    """
-    p = cfg.parallelism
-    m = resolved_model_values(cfg.model)
-    out: list[tuple[str, str]] = []
-    base = "parallelism"
-    if world_size % p.pp:
-        out.append((f"{base}.pp", f"pp={p.pp} does not divide the world size {world_size}"))
-    if world_size % (p.tp * p.pp):
-        out.append((f"{base}.tp", f"tp x pp = {p.tp * p.pp} does not divide the world size {world_size}"))
-    elif p.dp is not None and p.dp * p.tp * p.pp != world_size:
-        out.append(
-            (f"{base}.dp", f"dp x tp x pp = {p.dp * p.tp * p.pp} must equal the world size {world_size} "
-             f"(replicas x devicesPerReplica); allowed dp: {world_size // (p.tp * p.pp)} or unset")
-        )
-    if world_size % (p.ep * p.etp * p.pp):
-        out.append(
-            (f"{base}.ep", f"ep x etp x pp = {p.ep * p.etp * p.pp} does not divide the world size {world_size} "
-             "(MoE parallel folding needs edp = world / (ep x etp x pp) to be whole)")
-        )
-    n_exp = int(str(m["n_routed_experts"]))
-    if n_exp % p.ep:
-        out.append((f"{base}.ep", f"ep={p.ep} does not divide the routed expert count {n_exp}"))
-    moe_h = int(str(m["moe_intermediate_size"]))
-    if moe_h % p.etp:
-        out.append((f"{base}.etp", f"etp={p.etp} does not divide the expert hidden size {moe_h}"))
-    heads = int(str(m["num_heads"]))
-    if heads % p.tp:
-        out.append((f"{base}.tp", f"tp={p.tp} does not divide the attention head count {heads}"))
-    o_groups = int(str(m.get("o_groups", 1)))
-    if m.get("attention") == "csa" and o_groups % p.tp:
-        out.append((f"{base}.tp", f"tp={p.tp} does not divide the output groups oGroups={o_groups} of the "
-                    "DeepSeek-V4 attention (each tp rank projects whole groups)"))
-    dp = p.dp if p.dp is not None else world_size // (p.tp * p.pp) if world_size % (p.tp * p.pp) == 0 else 0
-    if dp and dp % p.dp_replicate:
-        out.append((f"{base}.dpReplicate", f"dpReplicate={p.dp_replicate} does not divide dp={dp}"))
-    has_moe = int(str(m["num_layers"])) > int(str(m["n_dense_layers"])) or int(str(m["mtp_depth"])) > 0
-    if p.tp > 1 and has_moe and cfg.data.micro_batch_size % p.tp:
-        out.append((f"{base}.tp", f"tp={p.tp} does not divide data.microBatchSize {cfg.data.micro_batch_size} "
-                    "(MoE layers split each micro-batch's sequences over the tp ranks)"))
-    layers = int(str(m["num_layers"]))
-    if p.pp > layers:
-        out.append((f"{base}.pp", f"pp={p.pp} exceeds the layer count {layers}"))
-    return out
-
-
-def support_problems(cfg: TrainerConfig) -> list[tuple[str, str]]:
-    """Fields the schema has that `trex train` does not run yet (each lands with its own work)."""
-    out: list[tuple[str, str]] = []
-    if cfg.parallelism.pp > 1:
-        out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
-                    "set 1"))
-    return out
-
-
-GRPO_NEEDS_PROMPTS = ("mode 'grpo' needs prompts with ground truths: an ORDataJob's prompts rendering (dataFrom) "
-                      "or a benchmark file")
-OPD_NEEDS_PROMPTS = "mode 'opd' needs prompts: an ORDataJob's prompts rendering (dataFrom) or a benchmark file"
-
-
-def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[tuple[str, str]]:
-    """What the sampling modes (grpo, opd) need of the layout: whole prompts on every data-parallel rank; under tp,
-    a batch of responses the MoE layers can split over the tp ranks, and for opd a vocabulary the KL can shard."""
-    p = cfg.parallelism
-    if cfg.mode not in ("grpo", "opd") or world_size % (p.tp * p.pp):  # the last: parallelism_problems says it
-        return []
-    dp = world_size // (p.tp * p.pp)
-    section, prompts, samples, name = (
-        ("grpo", cfg.grpo.prompts_per_step, cfg.grpo.group_size, "groupSize") if cfg.mode == "grpo"
-        else ("opd", cfg.opd.prompts_per_step, cfg.opd.samples_per_prompt, "samplesPerPrompt"))
-    if prompts % dp:
-        return [(f"{section}.promptsPerStep", f"{prompts} is not a multiple of the {dp} data-parallel rank(s) "
-                 "(each rank samples whole prompts)")]
-    out: list[tuple[str, str]] = []
-    if p.tp > 1:
-        m = resolved_model_values(cfg.model)
-        has_moe = int(str(m["num_layers"])) > int(str(m["n_dense_layers"]))
-        per_rank = prompts // dp * samples
-        if has_moe and per_rank % p.tp:
-            out.append((f"{section}.{name}", f"each data-parallel rank trains on promptsPerStep / dp x {name} = "
-                        f"{per_rank} responses, not a multiple of tp={p.tp} (the MoE layers split a batch's "
-                        "sequences over the tp ranks)"))
-        vocab = int(str(m["vocab_size"]))
-        if cfg.mode == "opd" and vocab % p.tp:
-            out.append(("parallelism.tp", f"tp={p.tp} does not divide the vocabulary {vocab} (mode opd's KL shards "
-                        "the vocabulary over tp)"))
-    return out
-
-
-def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None = None,
-                 capacity: int | None = None) -> list[tuple[str, str]]:
-    """The one validity rule `trex validate`, the operator and `trex train` share: the parallel degrees
-    fit the world and the model (parallelism_problems), every field is one the trainer runs
-    (support_problems), and the memory plan fits ``device`` (``capacity`` bytes per process, default the
-    device's memory; no device or an unknown capacity: not checked), with the optimizer states in host
-    memory when optimizer.swap is on. Returns (field path, message) pairs; empty means valid."""
-    out = parallelism_problems(cfg, world_size) + support_problems(cfg) + rl_layout_problems(cfg, world_size)
-    if cfg.kernels.registry and os.path.isfile(cfg.kernels.registry):  # readable here: it must cover the run
-        from trex.trainer.kernels import registry_problem
-        out += [p for p in [registry_problem(cfg)] if p is not None]
-    if out or device is None or (capacity is None and device.memory_bytes is None):
-        return out
-    from trex.trainer.plan import gib, plan_memory, with_swap
-
-    try:
-        plan = plan_memory(cfg, world_size, device, capacity)
-    except ValueError as e:
-        return [("model.overrides", str(e))]
-    if plan.fits:
-        return out
-    has = f"{device.name} has {gib(plan.capacity or 0)}"
-    if cfg.optimizer.swap.enabled:
-        out.append(("parallelism", f"needs {gib(plan.total)} per device even with the optimizer states in host "
-                    f"memory (optimizer.swap); {has}: {_memory_advice(plan)}"))
-        return out
-    off = with_swap(plan, True)
-    hint = f", or enable optimizer.swap (brings it to {gib(off.total)})" if off.fits else ""
-    out.append(("parallelism", f"needs {gib(plan.total)} per device; {has}: {_memory_advice(plan)}{hint}"))
-    return out
-
-
-def _memory_advice(plan: MemoryPlan) -> str:
-    """What to change, led by the part that dominates the plan."""
-    states = plan.persistent
-    if plan.activations > states:
-        more = "" if plan.recompute == "full" else ", or set trainer.recompute (selective or full)"
-        return ("shorten data.seqLen (and its curriculum) or data.microBatchSize, or raise tp"
-                f"{more} (activations take the most)")
-    return "raise ep or add replicas (parameters, gradients and optimizer states take the most)"

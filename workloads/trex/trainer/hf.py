@@ -1,7 +1,8 @@
 """Hugging Face safetensors import/export: DeepSeek-V3 (`mla`) and DeepSeek-V4 (`csa`, see trex.trainer.hf_v4).
 
 Weights may be stored block-quantized (FP8 e4m3 128 x 128 or packed FP4 1 x 32, with `*_scale_inv`
-siblings, see trex.trainer.model.quant); loading dequantizes them exactly.
+siblings, see trex.trainer.model.quant); loading dequantizes them exactly, each rank reading only the slices
+of the files its shards hold (trex.trainer.hfio).
 
 On disk the DeepSeek-V3 layout is the one `DeepseekV3ForCausalLM` checkpoints use: `model.layers.N.self_attn.*`,
 `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (one tensor per expert),
@@ -25,6 +26,7 @@ from trex.fsio import atomic_write_bytes
 if TYPE_CHECKING:
     import torch
 
+    from trex.trainer.hfio.load import LoadStats
     from trex.trainer.model.args import ModelArgs
     from trex.trainer.model.model import DeepSeekModel
 
@@ -294,75 +296,39 @@ def save_hf(model: DeepSeekModel, directory: str | os.PathLike[str], max_shard_b
     return out
 
 
-def read_hf_tensors(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors checkpoint directory (single file or index + shards)."""
-    from safetensors.torch import load_file
-
-    root = Path(directory)
-    if (root / INDEX_FILE).exists():
-        index = json.loads((root / INDEX_FILE).read_text())
-        tensors: dict[str, torch.Tensor] = {}
-        for fname in sorted(set(index["weight_map"].values())):
-            tensors.update(load_file(root / fname))
-        return tensors
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors files in {root}")
-    tensors = {}
-    for f in files:
-        tensors.update(load_file(f))
-    return tensors
-
-
-def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> None:
+def load_hf_into(model: DeepSeekModel, directory: str | os.PathLike[str]) -> LoadStats:
     """Copy a DeepSeek-V3 or -V4 checkpoint (HF or, for V4, original names; quantized or not) into
-    `model` (shapes must match; missing keys are an error)."""
-    model.load_state_dict(hf_state_for(model, directory), strict=False)
-    for _, gate in model.moe_gates():
-        gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
-
-
-def load_hf_sharded(model: DeepSeekModel, directory: str | os.PathLike[str]) -> None:
-    """load_hf_into for a distributed model: every rank reads the folder and keeps its own shards (DCP's
-    set_model_state_dict from the full state)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    state: dict[str, Any] = dict(hf_state_for(model, directory))
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
-
-
-def hf_state_for(model: DeepSeekModel, directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """A checkpoint folder's tensors under ``model``'s state-dict names, checked against its (global) shapes;
-    the hash routers' unused biases and, where the checkpoint has none, the MTP modules are left out."""
-    from trex.trainer.quant_io import dequantize_tensors
+    ``model`` (shapes must match; missing keys are an error), reading each tensor by slices
+    (trex.trainer.hfio.load: in one process the slice is the whole tensor). Returns what was read."""
+    from trex.trainer.hfio.load import load_sliced
 
     check_hf_compatible(model.args)
-    stored = dequantize_tensors(read_hf_tensors(directory))
-    state = model.state_dict()
+    stats = load_sliced(model, directory, model_state_from_stored)
+    for _, gate in model.moe_gates():
+        gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.float()
+    return stats
+
+
+def load_hf_sharded(model: DeepSeekModel, directory: str | os.PathLike[str]) -> LoadStats:
+    """load_hf_into for a distributed model: each rank reads from the safetensors files only the boxes of its own
+    shards (FP8/FP4 blocks dequantized per box) and copies them into its local tensors in place."""
+    from trex.trainer.hfio.load import load_sliced
+
+    check_hf_compatible(model.args)
+    return load_sliced(model, directory, model_state_from_stored)
+
+
+def model_state_from_stored(model: DeepSeekModel, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stored tensors (V3 HF names; V4 HF or original names) renamed and stacked to ``model``'s names; a V4
+    checkpoint tensor the model lacks is an error naming it."""
     if model.args.attention == "csa":
         from trex.trainer.hf_v4 import from_v4_state_dict
 
-        ours, extra = from_v4_state_dict(stored, model.args, list(state))
+        ours, extra = from_v4_state_dict(stored, model.args, list(model.state_dict()))
         if extra:
             raise ValueError(f"V4 checkpoint has tensors the model lacks: {sorted(extra)[:5]}")
-    else:
-        ours = from_hf_state_dict(model, stored)
-    hash_bias = {f"{name}.e_score_correction_bias" for name, g in model.moe_gates() if g.hash_routed}
-    missing = sorted(k for k in state if k not in ours and k not in hash_bias)
-    unexpected = sorted(k for k in ours if k not in state)
-    absent_mtp = sorted({k.split(".")[1] for k in missing if k.startswith("mtp.")})
-    present_mtp = {k.split(".")[1] for k in ours if k.startswith("mtp.")}
-    if absent_mtp and not present_mtp & set(absent_mtp):
-        # transformers drops MTP layers when it saves; keep the freshly initialised MTP modules.
-        log.warning("HF checkpoint has no MTP layers; MTP module(s) %s keep their initial weights",
-                    ", ".join(absent_mtp))
-        missing = [k for k in missing if not k.startswith("mtp.")]
-    if missing or unexpected:
-        raise ValueError(f"HF checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    for k, v in ours.items():
-        if tuple(v.shape) != tuple(state[k].shape):
-            raise ValueError(f"{k}: checkpoint shape {tuple(v.shape)} != model shape {tuple(state[k].shape)}")
-    return ours
+        return ours
+    return from_hf_state_dict(model, stored)
 
 
 def args_from_hf_dir(directory: str | os.PathLike[str]) -> ModelArgs:

@@ -27,17 +27,15 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from trex.kernels.backends.base import Backend, Compiled
 from trex.kernels.suite import SUITE
 from trex.kernels.suite.base import shape_bucket, shape_key, torch_dtype
+from trex.trainer.config import TrainerConfig, resolved_model_values
 from trex.trainer.model import layers
-
-if TYPE_CHECKING:
-    from trex.trainer.config import TrainerConfig
 
 BACKEND_FOR_DEVICE = {"cpu": "cpu-c", "cuda": "cuda-triton", "npu": "npu-ascendc"}
 OPS: dict[str, tuple[str, ...]] = {"rmsnorm": ("rmsnorm_fwd", "rmsnorm_bwd"),
@@ -524,8 +522,6 @@ def run_kernel_shapes(cfg: TrainerConfig, device: str) -> list[tuple[str, dict[s
     """(kernel, dims) of every dispatched call one rank of this run makes (its model, micro-batch, sequence lengths
     and tp/ep/etp layout): what ``install_for`` loads kernels for and what a KernelTuneJob's ``shapesFrom`` tunes.
     Pure: no model is built."""
-    from trex.trainer.config import resolved_model_values
-
     p = cfg.parallelism
     seqs = [cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)]
     return trainer_kernel_shapes(resolved_model_values(cfg.model), cfg.data.micro_batch_size, seqs, device,
@@ -548,8 +544,6 @@ FP32_ONLY = ("router_topk", "grouped_gemm")
 
 def install_for(cfg: TrainerConfig, device: str, log: Callable[[str], None]) -> KernelState:
     """``install`` with this config's registry, model shape, micro-batch, sequence lengths and layout."""
-    from trex.trainer.config import resolved_model_values
-
     seqs = [cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)]
     p = cfg.parallelism
     return install(cfg.kernels.registry, resolved_model_values(cfg.model), cfg.data.micro_batch_size, seqs, device,

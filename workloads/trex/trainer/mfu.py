@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trex.trainer.model_args import default_layer_types
+
 if TYPE_CHECKING:
     from trex.runtime.device import DeviceInfo
 
@@ -165,8 +167,6 @@ class ParamBreakdown:
 
 def layer_kinds(v: Mapping[str, Any]) -> list[str]:
     """Attention kind of every block (trunk, then MTP): mla, or V4's sliding / csa / hca."""
-    from trex.trainer.model_args import default_layer_types
-
     n, mtp = _i(v, "num_layers"), _i(v, "mtp_depth")
     if v["attention"] == "mla":
         return ["mla"] * (n + mtp)

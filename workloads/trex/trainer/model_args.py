@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from trex.trainer.config import ModelConfig, resolved_model_values
+if TYPE_CHECKING:
+    from trex.trainer.config import ModelConfig
 
 LayerKind = Literal["sliding", "csa", "hca"]
 LAYER_KINDS: tuple[str, ...] = ("sliding", "csa", "hca")
@@ -152,9 +153,8 @@ class ModelArgs:
 
     @classmethod
     def from_config(cls, model_cfg: ModelConfig) -> ModelArgs:
-        """Preset values with the config's overrides applied (and the config's qat mode)."""
-        values = resolved_model_values(model_cfg)
-        return cls.from_values({**values, "qat": model_cfg.qat})
+        """Preset values with the config's overrides applied (and the config's qat mode): ``model_cfg.args``."""
+        return model_cfg.args
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> ModelArgs:

@@ -39,7 +39,8 @@ def _load(args: argparse.Namespace,
     from pydantic import ValidationError
 
     from trex.config_base import format_validation_error, load_section
-    from trex.trainer.config import TrainerConfig, job_problems
+    from trex.trainer.config import TrainerConfig
+    from trex.trainer.rules import job_problems
 
     try:
         with open(args.file, encoding="utf-8") as fh:
@@ -111,8 +112,8 @@ def main(argv: list[str] | None = None, manifests: Mapping[str, ManifestReader] 
     args = _parser().parse_args(argv)
     try:
         cfg, world, device, capacity, problems = _load(args, manifests or {})
-        from trex.trainer.config import parallelism_problems
         from trex.trainer.plan import Layout, gib, plan_memory
+        from trex.trainer.rules import parallelism_problems
 
         if parallelism_problems(cfg, world):
             for line in problems:

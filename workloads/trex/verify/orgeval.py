@@ -392,6 +392,21 @@ def equivalent_models(a: LinearModel, b: LinearModel) -> Equivalence:
     return Equivalence(True, "WL-equivalent", rounds)
 
 
+def structural_check(solve: dict[str, Any] | None, reference: LinearModel) -> tuple[str | None, str]:
+    """Whether a recorded solve's model (its ``lp``) is ``reference`` (WL-equivalence): (None, why it is), or
+    (``no_model`` or ``mismatch``, why not). ORData's structural gate and GRPO's reward both decide with it."""
+    lp = None if solve is None else solve.get("lp")
+    if not lp:
+        truncated = bool(solve and solve.get("lp_truncated"))
+        return "no_model", "model larger than the recording cap" if truncated else "no LP text"
+    try:
+        candidate = read_lp_text(lp)
+    except ValueError as exc:
+        return "mismatch", f"recorded LP unreadable: {str(exc)[:200]}"
+    eq = equivalent_models(candidate, reference)
+    return (None, eq.reason) if eq.equivalent else ("mismatch", eq.reason)
+
+
 def equivalent_lp(candidate_lp: str, reference_lp: str) -> Equivalence:
     """Read two LP texts and decide equivalence; an unreadable candidate is not equivalent."""
     ref = read_lp_text(reference_lp)

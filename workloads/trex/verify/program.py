@@ -21,9 +21,11 @@ _TAIL = 2000
 
 
 async def run_program(code: str, item: Item, *, timeout_s: float, memory_mb: int, max_output_kb: int,
-                      printed: bool = False, want_lp: bool = False) -> tuple[Execution, dict[str, Any], str | None]:
+                      printed: bool = False, want_lp: bool = False,
+                      keep_model: bool = False) -> tuple[Execution, dict[str, Any], str | None]:
     """Run ``code`` in the sandbox: (verdict inputs, record of the run, collected LP text). The answer is the
-    solve the sandbox recorded and re-solved, or with ``printed`` the TREX_RESULT line."""
+    solve the sandbox recorded and re-solved, or with ``printed`` the TREX_RESULT line; ``keep_model`` keeps the
+    recorded model's LP text in the record's ``solve`` (the GRPO verifier's structural check reads it)."""
     from trex.sandbox import Limits, run_python_async
 
     t = timeout_s
@@ -34,6 +36,8 @@ async def run_program(code: str, item: Item, *, timeout_s: float, memory_mb: int
     result, unrecorded = res.result, None
     if not printed:
         result, unrecorded = await recorded_answer(res.solve, res.result, t)
+        if res.records_refused:
+            result, unrecorded = None, f"solve records refused ({res.records_refused})"
     ex = Execution(exit_code=res.exit_code, timed_out=timed_out, stderr=res.stderr, result=result,
                    signal=None if timed_out else res.signal, unrecorded=unrecorded)
     lp = res.files.get(LP_OUT)
@@ -42,7 +46,8 @@ async def run_program(code: str, item: Item, *, timeout_s: float, memory_mb: int
         "exit_code": res.exit_code, "signal": res.signal, "timed_out": timed_out, "wall_s": round(res.wall_s, 4),
         "killed_reason": res.killed_reason, "result": result, "printed": res.result, "mode": res.mode,
         "answers": ANSWERS_PRINTED if printed else ANSWERS_RECORDED,
-        "solve": None if solve is None else {k: v for k, v in solve.items() if k != "lp"}, "solves": len(res.solves),
+        "solve": None if solve is None else {k: v for k, v in solve.items() if keep_model or k != "lp"},
+        "solves": len(res.solves), "records_refused": res.records_refused,
         "stdout_tail": res.stdout[-_TAIL:], "stderr_tail": res.stderr[-_TAIL:], "lp_collected": lp is not None,
     }
     return ex, record, lp.decode("utf-8", "replace") if lp is not None else None

@@ -23,35 +23,15 @@ import torch
 from trex.runtime.copy_engine import make_copy_engine
 from trex.trainer.config import OPDConfig, TrainerConfig
 from trex.trainer.distill.cache import HiddenStateCache
+from trex.trainer.distill.folders import resolve_teacher_dir
 from trex.trainer.distill.opd import OPDStats, VocabParallel, opd_step
-from trex.trainer.distill.teacher import (
-    TeacherLayout,
-    TeacherPool,
-    resolve_teacher_dir,
-    teacher_layout_problem,
-)
+from trex.trainer.distill.teacher import TeacherLayout, TeacherPool, teacher_layout_problem
 from trex.trainer.hf import args_from_hf_dir
 from trex.trainer.parallel.decode import DecodeReplica, decoding, shared_over
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.step import stop_tokens_of
 from trex.trainer.rollout import Rollout, SamplingParams, generate
 from trex.verify.items import Item
-
-
-def opd_problems(cfg: OPDConfig) -> list[tuple[str, str]]:
-    """What mode opd cannot start with: a teacher without a model folder (a TrainJob name outside a TrainJob,
-    or a path that holds no export)."""
-    out: list[tuple[str, str]] = []
-    for i, t in enumerate(cfg.teachers):
-        if t.path is None:
-            out.append((f"opd.teachers.{i}.name", f"{t.name!r}: a TrainJob teacher gets its path from the operator; "
-                        "outside a TrainJob give path (the teacher's model folder)"))
-            continue
-        try:
-            resolve_teacher_dir(t.path)
-        except FileNotFoundError as e:
-            out.append((f"opd.teachers.{i}.path", str(e)))
-    return out
 
 
 def teachers_of(items: Sequence[Item], cfg: OPDConfig) -> list[list[str]]:

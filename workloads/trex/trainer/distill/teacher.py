@@ -26,34 +26,12 @@ import torch
 
 from trex.runtime.copy_engine import CopyEngine, CopyHandle
 from trex.trainer.distill.cache import HiddenStateCache
+from trex.trainer.distill.folders import resolve_teacher_dir
 
 if TYPE_CHECKING:
     from trex.trainer.model.model import DeepSeekModel
     from trex.trainer.model_args import ModelArgs
     from trex.trainer.parallel.mesh import Meshes, ParallelDims
-
-CONFIG_NAME = "config.json"
-MANIFEST = "manifest.json"
-
-
-def resolve_teacher_dir(path: str | Path) -> Path:
-    """The Hugging Face folder a teacher path names: the folder itself (config.json), its ``hf`` export, or
-    for a trex checkpoint folder the newest step whose manifest is written and which holds an export."""
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"teacher {root}: not a directory")
-    if root.name.startswith("step-") and not (root / MANIFEST).is_file():
-        raise FileNotFoundError(f"teacher {root}: the checkpoint is incomplete (no {MANIFEST})")
-    for cand in (root, root / "hf"):
-        if (cand / CONFIG_NAME).is_file():
-            return cand
-    steps = sorted((p for p in root.glob("step-*") if p.is_dir() and (p / MANIFEST).is_file()), reverse=True)
-    for step in steps:
-        if (step / "hf" / CONFIG_NAME).is_file():
-            return step / "hf"
-    raise FileNotFoundError(f"teacher {root}: no Hugging Face export (config.json) in the folder, its hf/ or a "
-                            "completed step-N/hf (run the teacher with checkpoint.exportHfEvery)")
-
 
 def teacher_layout_problem(args: ModelArgs, dims: ParallelDims) -> str | None:
     """Why a teacher of shape ``args`` cannot be distributed by the student's degrees (None: it can)."""
@@ -79,12 +57,13 @@ class TeacherLayout:
     """The tensor-parallel group (the KL's vocabulary shards), None when tp = 1."""
 
     def load(self, directory: Path, dtype: torch.dtype, device: torch.device) -> DeepSeekModel:
-        """The teacher in ``directory`` built on the meta device, distributed like the student and filled with its
-        weights (each rank keeps its own shards)."""
+        """The teacher in ``directory`` built on the meta device, distributed like the student and stored in ``dtype``
+        (frozen: no fp32 masters), filled with its weights (each rank reads only its own shards)."""
         from trex.trainer.build import distributed_model
         from trex.trainer.hf import args_from_hf_dir, load_hf_sharded
 
-        model, _ = distributed_model(args_from_hf_dir(directory), self.dims, self.meshes, dtype, device, seed=0)
+        model, _ = distributed_model(args_from_hf_dir(directory), self.dims, self.meshes, dtype, device, seed=0,
+                                     frozen=True)
         load_hf_sharded(model, directory)
         return model
 

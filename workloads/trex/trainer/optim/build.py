@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -12,6 +13,9 @@ from torch import nn
 from trex.trainer.config import OptimizerConfig
 from trex.trainer.optim.muon import Muon
 from trex.trainer.optim.schedule import lr_factor
+
+if TYPE_CHECKING:
+    from trex.trainer.optim.swap import SwapStats
 
 
 @dataclass
@@ -52,6 +56,18 @@ class Optimizers:
         if self.adamw is not None:
             out["adamw"] = float(self.adamw.param_groups[0]["lr"])
         return out
+
+    @property
+    def last_stats(self) -> SwapStats | None:
+        """The last step's host transfers (None: states stay on the device)."""
+        return None
+
+    def restored(self) -> None:
+        """After a checkpoint or weight load: nothing to move (states and masters stay where they were built)."""
+
+    def masters_on_device(self) -> contextlib.AbstractContextManager[None]:
+        """The masters on the device for the duration: they already are."""
+        return contextlib.nullcontext()
 
     def state_dict(self) -> dict[str, Any]:
         """Both optimizer states."""

@@ -234,6 +234,11 @@ class SwapOptimizers(Optimizers):
             if moved:  # copy-ins started from the old states: start again
                 self._drop_next()
 
+    @property
+    def last_stats(self) -> SwapStats | None:
+        """The last step's transfers."""
+        return self.last
+
     def restored(self) -> None:
         """After a checkpoint load: states and masters into their host copies, and the bf16 copies FSDP2
         gathers from cast from the loaded masters."""

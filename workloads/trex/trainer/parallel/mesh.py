@@ -47,13 +47,7 @@ class ParallelDims:
 
     @classmethod
     def from_config(cls, cfg: TrainerConfig, world: int) -> ParallelDims:
-        """Degrees for ``world`` ranks; raises ValueError naming the field when the layout cannot fold."""
-        from trex.trainer.config import parallelism_problems
-
-        problems = parallelism_problems(cfg, world)
-        if problems:
-            field, msg = problems[0]
-            raise ValueError(f"{field}: {msg}")
+        """Degrees for ``world`` ranks: arithmetic only (trex.trainer.rules.job_problems says whether they fold)."""
         p = cfg.parallelism
         dp = world // (p.tp * p.pp)
         return cls(world=world, dp_replicate=p.dp_replicate, dp_shard=dp // p.dp_replicate, tp=p.tp, ep=p.ep,

@@ -23,22 +23,22 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from trex.prompt_contract import PAD
+from trex.prompt_contract import END, EOS, PAD
 from trex.trainer.config import TrainerConfig
 from trex.trainer.parallel.decode import shared_over
 from trex.trainer.rl.grpo import group_advantages, grpo_loss, token_logprobs
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
-from trex.trainer.rl.reward import Reward, Verifier
+from trex.trainer.rl.reward import OUTCOMES as VERIFIER_OUTCOMES
+from trex.trainer.rl.reward import ORVerifier, Reward, RewardWeights, Verifier
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
 from trex.trainer.rollout.wal import RolloutLog
 from trex.verify.items import Item
-from trex.verify.scoring import CATEGORIES
 
 WAL_DIR = "rollouts"
 """Folder under the checkpoint root holding the current step's rollout logs."""
 
-OUTCOMES = CATEGORIES
+OUTCOMES = VERIFIER_OUTCOMES
 """Verifier outcome categories counted per step (summed over ranks by name; others are not counted)."""
 
 
@@ -111,8 +111,6 @@ def response_text(tok: Tokenizer, r: Rollout, stop_tokens: Sequence[int]) -> str
 
 def stop_tokens_of(tok: Tokenizer) -> tuple[int, ...]:
     """The tokens that end an assistant turn in the chat layout (<|end|> and <|eos|>, those the tokenizer has)."""
-    from trex.prompt_contract import END, EOS
-
     ids = (tok.token_to_id(END), tok.token_to_id(EOS))
     return tuple(sorted({int(i) for i in ids if i is not None}))
 
@@ -269,12 +267,11 @@ class GRPORun:
 
 def default_verifier(cfg: TrainerConfig) -> Verifier:
     """The OR verifier grpo's config describes (weights, protocol, reasoning mode, workers, limits)."""
-    from trex.trainer.rl.reward import ORVerifier, RewardWeights
-
     g = cfg.grpo
     w = RewardWeights(format=g.reward.format, execution=g.reward.execution, objective=g.reward.objective)
     return ORVerifier(w, protocol=g.protocol, reasoning_mode=cfg.data.reasoning_mode,
-                      workers=g.verifier_workers or None, timeout_s=g.verifier_timeout_s)
+                      workers=g.verifier_workers or None, timeout_s=g.verifier_timeout_s,
+                      structure=g.reward.structure, import_gate=g.reward.import_gate)
 
 
 def summary(steps: Sequence[GRPOStats]) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+"""Mode opd: rollouts of the step's prompts with the current weights, the teachers' pass and the backward of the
+reverse KL (trex.trainer.distill.run)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+from torch import nn
+
+from trex.runtime.device import torch_dtype
+from trex.trainer.distill.kl import shard_rows
+from trex.trainer.distill.opd import VocabParallel
+from trex.trainer.distill.run import OPDRanks, OPDRun
+from trex.trainer.distill.teacher import TeacherLayout
+from trex.trainer.objective import Outcome, RunContext, Series
+from trex.trainer.parallel.decode import DecodeReplica
+from trex.trainer.parallel.parallelize import shared_over_tp
+from trex.verify.items import Item
+
+
+@dataclass(frozen=True)
+class OPDStepInfo:
+    """What an opd step adds to the record: its OPDStats and the teacher pool's counters."""
+
+    kl: dict[str, float]
+    entropy: float
+    response_length: float
+    seconds: dict[str, float]
+    cache_hit_bytes: int
+    cache_spilled_bytes: int
+    teacher_switches: int
+    teacher_loads: int
+
+    def metrics(self) -> dict[str, float]:
+        """The step's JSONL fields."""
+        return {**{f"opd_kl_{t}": v for t, v in self.kl.items()}, "opd_entropy": self.entropy,
+                "opd_response_length": self.response_length,
+                **{f"opd_{k}_seconds": v for k, v in self.seconds.items()},
+                "opd_cache_hit_bytes": self.cache_hit_bytes, "opd_cache_spilled_bytes": self.cache_spilled_bytes,
+                "opd_teacher_switches": self.teacher_switches, "opd_teacher_loads": self.teacher_loads}
+
+    def series(self) -> list[Series]:
+        """The step's Prometheus samples."""
+        return [*(Series("opd_kl", kl, {"teacher": t}) for t, kl in self.kl.items()),
+                Series("opd_student_entropy", self.entropy),
+                Series("opd_cache_hit_bytes_total", self.cache_hit_bytes, counter=True),
+                Series("opd_cache_spilled_bytes_total", self.cache_spilled_bytes, counter=True),
+                Series("opd_teacher_switches", self.teacher_switches)]
+
+
+def opd_ranks(ctx: RunContext, replica: DecodeReplica | None, tp_group: Any) -> OPDRanks:
+    """Where this rank of a parallel opd run stands: its data-parallel share, the layout the teachers are
+    distributed by, the vocabulary-parallel KL over tp, and the decoding replica."""
+    if ctx.meshes is None:
+        return OPDRanks()
+    tp_mesh = ctx.meshes.dense["tp"]
+    vocab = None
+    if tp_group is not None:
+        vocab = VocabParallel(tp_group, lambda w: shard_rows(shared_over_tp(w, tp_mesh), tp_group))
+    return OPDRanks(ctx.dp_rank, ctx.dims.dp, ctx.sum_over_ranks, TeacherLayout(ctx.dims, ctx.meshes, tp_group),
+                    vocab, replica, tp_group)
+
+
+class OPDObjective:
+    """On-policy distillation from the configured teachers (reverse KL on the student's own samples)."""
+
+    loss_key = "opd"
+    watch_spikes = False
+    """The KL's level moves with the teachers: no spike detection."""
+
+    def __init__(self, ctx: RunContext, tokenizer: Tokenizer, items: Sequence[Item], vocab: int,
+                 replica: DecodeReplica | None, tp_group: Any) -> None:
+        """The prompts' teachers, the teacher pool and the sampling (ValueError naming the field)."""
+        self.ctx, self.tokenizer, self.replica = ctx, tokenizer, replica
+        self.run = OPDRun(ctx.cfg, tokenizer, items, ctx.device, torch_dtype(ctx.cfg.model.dtype), ctx.ckpt_dir,
+                          vocab, opd_ranks(ctx, replica, tp_group))
+
+    def notes(self) -> list[str]:
+        """Nothing to say before the run."""
+        return []
+
+    def prepare(self) -> None:
+        """The teachers load lazily at their first step."""
+
+    def backward(self, model: nn.Module, step: int) -> Outcome:
+        """Rollouts, the teachers' pass and the reverse KL's backward of step ``step``."""
+        run = self.run
+        with self.ctx.autocast():
+            stats = run.step(model, step)
+        cache, teachers = run.pool.cache.take_stats(), run.pool.take_stats()
+        info = OPDStepInfo(kl=stats.kl, entropy=stats.entropy, response_length=stats.response_length,
+                           seconds=stats.seconds, cache_hit_bytes=cache.hit_bytes,
+                           cache_spilled_bytes=cache.spilled_bytes, teacher_switches=teachers.switches,
+                           teacher_loads=teachers.trunk_loads)
+        o = self.ctx.cfg.opd
+        return Outcome({"opd": stats.loss, "total": stats.loss}, stats.expert_counts, float(stats.tokens),
+                       stats.sequence_tokens, stats.seq_len, o.prompts_per_step * o.samples_per_prompt,
+                       info.metrics(), info.series(), {}, info)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the step number alone places the prompts and their samples."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (see state_dict)."""
+
+    def summary(self) -> dict[str, Any]:
+        """No entries beyond the loop's."""
+        return {}
+
+    def summary_line(self) -> str:
+        """Nothing beyond loss and MFU."""
+        return ""
+
+    def close(self) -> None:
+        """Remove the teacher cache's spill files and stop its copy engine."""
+        self.run.close()

@@ -1,0 +1,106 @@
+"""Mode grpo: rollouts of the step's prompts with the current weights, their verified rewards and the backward of
+the GRPO loss (trex.trainer.rl.step), against a frozen reference policy when the KL coefficient is not 0."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tokenizers import Tokenizer
+from torch import nn
+
+from trex.runtime.device import torch_dtype
+from trex.trainer.hf import load_hf_into
+from trex.trainer.model import build_model
+from trex.trainer.objective import Outcome, RunContext, Series
+from trex.trainer.parallel.decode import DecodeReplica, decoding
+from trex.trainer.rl.reward import Verifier
+from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, summary
+from trex.verify.items import Item
+
+
+def grpo_record(st: GRPOStats) -> dict[str, float]:
+    """A GRPO step's gauges (trex_train_<name>) and JSONL fields."""
+    return {"reward_mean": st.reward_mean, "reward_std": st.reward_std, "kl": st.kl,
+            "clip_fraction": st.clip_fraction, "response_length": st.response_length,
+            "rollout_seconds": st.rollout_seconds, "verify_seconds": st.verify_seconds,
+            "rl_train_seconds": st.train_seconds}
+
+
+class GRPOObjective:
+    """Group-relative policy optimisation against the OR verifier (or the ``verifier`` given)."""
+
+    loss_key = "grpo"
+    watch_spikes = False
+    """A policy-gradient loss moves with the rewards: no spike detection."""
+
+    def __init__(self, ctx: RunContext, tokenizer: Tokenizer, items: Sequence[Item], verifier: Verifier,
+                 replica: DecodeReplica | None, tp_group: Any) -> None:
+        self.ctx, self.tokenizer, self.replica = ctx, tokenizer, replica
+        self.run = GRPORun(ctx.cfg, tokenizer, items, verifier, ctx.ckpt_dir / WAL_DIR, ctx.dp_rank, ctx.dims.dp,
+                           ctx.sum_over_ranks, tp_group)
+        self.reference: nn.Module | None = None
+        self.steps: list[GRPOStats] = []
+        """Every step's statistics in this process (the termination summary)."""
+
+    def notes(self) -> list[str]:
+        """Nothing to say before the run."""
+        return []
+
+    def prepare(self) -> None:
+        """The frozen reference policy when the loss has a KL term."""
+        if self.ctx.cfg.grpo.kl_coef > 0:
+            self.reference = self._reference()
+
+    def _reference(self) -> nn.Module:
+        """GRPO's frozen reference policy: the run's initial weights (its seed's initialisation, or
+        checkpoint.initFromHf), rebuilt on every start so a resumed run keeps the same reference. One whole copy per
+        process, in the model dtype."""
+        cfg = self.ctx.cfg
+        ref = build_model(cfg.model, device=self.ctx.device, dtype=torch_dtype(cfg.model.dtype), seed=cfg.seed)
+        if cfg.checkpoint.init_from_hf:
+            load_hf_into(ref, cfg.checkpoint.init_from_hf)
+        ref.requires_grad_(False)
+        return ref.eval()
+
+    def backward(self, model: nn.Module, step: int) -> Outcome:
+        """Rollouts, rewards and the GRPO loss's backward of step ``step``."""
+        run, ctx = self.run, self.ctx
+        t0 = time.perf_counter()
+        with decoding(model, self.replica) as m:
+            rollouts, items = run.rollout(m, step)
+        t1 = time.perf_counter()
+        rewards = run.score(rollouts, items)
+        t2 = time.perf_counter()
+        parts, counts, loss_stats = run.backward(model, self.reference, rollouts, rewards, ctx.device, ctx.autocast)
+        t3 = time.perf_counter()
+        stats = run.stats(rollouts, rewards, loss_stats, (t1 - t0, t2 - t1, t3 - t2))
+        self.steps.append(stats)
+        seq_len = max(len(r.prompt) + len(r.tokens) for r in rollouts)
+        metrics = grpo_record(stats)
+        series = [Series(k, v) for k, v in metrics.items()]
+        series += [Series("verifier_outcomes_total", n, {"outcome": o}, counter=True) for o, n in stats.outcomes.items()]
+        return Outcome({**parts, "total": parts["grpo"]}, counts, float(stats.valid_tokens), stats.forward_tokens,
+                       seq_len, stats.responses, metrics, series, {"verifier_outcomes": stats.outcomes}, stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the step number alone places the prompts, and the rollout logs sit beside the checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (see state_dict)."""
+
+    def summary(self) -> dict[str, Any]:
+        """Rewards, responses, verifier outcomes and the time split of the steps run in this process."""
+        return {"grpo": summary(self.steps)} if self.steps else {}
+
+    def summary_line(self) -> str:
+        """The reward's move over the run."""
+        if not self.steps:
+            return ""
+        s = summary(self.steps)
+        return f", reward {s['rewardMeanFirst']:.3f} -> {s['rewardMeanLast']:.3f}"
+
+    def close(self) -> None:
+        """The rollout logs stay for a resumed step."""
