@@ -19,7 +19,8 @@ from trex.kernels.backends.cpu_c import CpuCBackend
 from trex.kernels.suite import SUITE
 from trex.kernels.suite.base import shape_bucket
 from trex.trainer import kernels as tk
-from trex.trainer.config import TrainerConfig, job_problems
+from trex.trainer.config import TrainerConfig
+from trex.trainer.rules import job_problems
 from trex.trainer.loop import Trainer
 from trex.trainer.model import layers
 
