@@ -20,9 +20,9 @@ from trex.kernels.suite import SUITE
 from trex.kernels.suite.base import shape_bucket
 from trex.trainer import kernels as tk
 from trex.trainer.config import TrainerConfig
-from trex.trainer.rules import job_problems
 from trex.trainer.loop import Trainer
 from trex.trainer.model import layers
+from trex.trainer.rules import job_problems
 
 REPO = Path(__file__).resolve().parents[3]
 
