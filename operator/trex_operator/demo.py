@@ -227,6 +227,10 @@ def summarise(objs: list[dict[str, Any]], expected: list[tuple[str, str]]) -> tu
             keys = ("step", "maxSteps", "loss", "mfu", "tokensPerSecond", "lastCheckpointStep")
             shown = {k: results.get(k, progress.get(k)) for k in keys if k in results or k in progress}
             lines.append("  " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+            kern = results.get("kernels")
+            if isinstance(kern, dict):  # tuned kernels the run used (kernelsFrom), and those it refused
+                lines.append(f"  tuned kernels active: {', '.join(kern.get('active') or []) or 'none'}"
+                             + (f"; refused: {', '.join(kern.get('refused') or {})}" if kern.get("refused") else ""))
             rl = results.get("grpo")
             if isinstance(rl, dict):
                 lines.append(f"  GRPO reward {rl.get('rewardMeanFirst')} -> {rl.get('rewardMeanLast')} over "

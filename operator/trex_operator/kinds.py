@@ -8,8 +8,10 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
+from trex.kernels.config import KernelTuneConfig
+
 from trex_operator import ranktable
-from trex_operator.api import Progress, Results
+from trex_operator.api import LineageEntry, Progress, Results
 from trex_operator.children import (
     CONFIG_DIR,
     KERNELS_DIR,
@@ -229,6 +231,22 @@ def model_step_problem(ctx: Ctx, ref: Any) -> str | None:
     return None
 
 
+def kernels_problem(ctx: Ctx) -> str | None:
+    """kernelsFrom's KernelTuneJob tuned kernels, none at a shape class this TrainJob's run calls: one line naming
+    kernelsFrom (a registry attached that activates nothing is refused, not run)."""
+    ref = ctx.model.spec.kernels_from
+    body = ctx.deps.bodies.get(("KernelTuneJob", ref.name)) if ref is not None else None
+    if ref is None or body is None:
+        return None
+    from trex.trainer.kernels import registry_covers, uncovered_message
+
+    doc = registry_doc((body.get("status") or {}).get("results") or {})
+    trainer = ctx.model.spec.trainer
+    if not doc["kernels"] or registry_covers(doc, trainer):  # an empty registry: the run's coverage line says so
+        return None
+    return f"kernelsFrom: KernelTuneJob {ref.name}'s registry {uncovered_message(doc, trainer)}"
+
+
 # ---- TrainJob ----------------------------------------------------------------------------------
 
 
@@ -256,8 +274,9 @@ class TrainImpl(_PodKind):
         return list(dict.fromkeys(t.name for t in trainer.opd.teachers if t.name is not None and t.path is None))
 
     def ref_problem(self, ctx: Ctx) -> str | None:
-        """Why modelFrom's step cannot be loaded (see :func:`model_step_problem`)."""
-        return model_step_problem(ctx, ctx.model.spec.model_from)
+        """Why modelFrom's step cannot be loaded (see :func:`model_step_problem`), or why kernelsFrom's registry
+        would activate nothing (see :func:`kernels_problem`)."""
+        return model_step_problem(ctx, ctx.model.spec.model_from) or kernels_problem(ctx)
 
     def trainer_config(self, ctx: Ctx) -> dict[str, Any]:
         """The rendered TrainerConfig: data from the referenced ORDataJob, initial weights (and tokenizer) from the
@@ -282,9 +301,12 @@ class TrainImpl(_PodKind):
                         entry.detail = f"distillation teacher {t['path']}"
         if spec.kernels_from is not None:
             cfg["kernels"]["registry"] = f"{KERNELS_DIR}/kernels.json"
+            body = ctx.deps.bodies.get(("KernelTuneJob", spec.kernels_from.name)) or {}
+            shapes_from = ((body.get("spec") or {}).get("kernels") or {}).get("shapesFrom") or {}
+            mine = " tuned at this TrainJob's shapes" if shapes_from.get("trainJob") == ctx.job.name else ""
             for entry in ctx.status.lineage:
                 if entry.kind == "KernelTuneJob":
-                    entry.detail = f"kernel registry {cfg['kernels']['registry']}"
+                    entry.detail = f"kernel registry {cfg['kernels']['registry']}{mine}"
         path = hf_export_path(ctx, spec.model_from)
         if path is not None:
             cfg["checkpoint"]["initFromHf"] = path
@@ -445,14 +467,62 @@ class KernelTuneImpl(_PodKind):
     def refs(self, ctx: Ctx) -> list[tuple[str, str, str]]:
         return []
 
+    def tune_config(self, ctx: Ctx) -> KernelTuneConfig | None:
+        """spec.kernels with shapesFrom resolved from the named TrainJob's spec (read as it is: the TrainJob need
+        not have run); None while that TrainJob does not exist. ValueError when its run calls nothing to tune."""
+        cfg: KernelTuneConfig = ctx.model.spec.kernels
+        if cfg.shapes_from is None:
+            return cfg
+        from trex_operator.kernel_shapes import trainer_of, with_shapes
+
+        body = ctx.observed.refs.get(("TrainJob", cfg.shapes_from.train_job))
+        if body is None:
+            return None
+        return with_shapes(cfg, trainer_of(body), f"TrainJob {cfg.shapes_from.train_job}")
+
     def config_text(self, ctx: Ctx) -> str:
-        cfg = ctx.model.spec.kernels.model_dump(mode="json", by_alias=True)
+        tuned = self.tune_config(ctx)
+        assert tuned is not None  # children and pods are rendered once the TrainJob is read
+        cfg = tuned.model_dump(mode="json", by_alias=True)
         cfg["output"] = _resolve(cfg["output"], storage_mounts(ctx.model.spec).get("output"))
         return render_yaml("kernels", cfg)
 
     def children(self, ctx: Ctx) -> list[Manifest]:
+        if self._shapes_pending(ctx):
+            return []
         return [config_map(ctx.job, config_map_name(ctx.job), {"kernels.yaml": self.config_text(ctx)}),
                 *pod_group(ctx, 1)]
+
+    def _shapes_pending(self, ctx: Ctx) -> bool:
+        """True while shapesFrom's TrainJob cannot be read yet or gives nothing to tune (run() reports which)."""
+        try:
+            return self.tune_config(ctx) is None
+        except ValueError:
+            return True
+
+    def _shapes_lineage(self, ctx: Ctx) -> bool:
+        """Resolve shapesFrom for run(): record the TrainJob in the lineage (what was taken: the shape classes), or
+        wait (Pending) while it does not exist, or fail the job when its run calls nothing to tune; True to go on."""
+        ref = ctx.model.spec.kernels.shapes_from
+        if ref is None:
+            return True
+        try:
+            tuned = self.tune_config(ctx)
+        except ValueError as e:
+            finish(ctx, self, "Failed", "InvalidSpec", str(e))
+            return False
+        if tuned is None:
+            if ctx.status.phase != "Pending" or ctx.status.reason != "WaitingForShapes":
+                ctx.move("Pending", "WaitingForShapes", f"shapesFrom: TrainJob {ref.train_job} does not exist yet")
+            return False
+        from trex_operator.kernel_shapes import summary
+
+        body = ctx.observed.refs.get(("TrainJob", ref.train_job)) or {}
+        entry = LineageEntry(kind="TrainJob", name=ref.train_job, uid=(body.get("metadata") or {}).get("uid"),
+                             detail=f"shapes from: {summary(tuned)}")
+        ctx.status.lineage = [e for e in ctx.status.lineage if not (e.kind == "TrainJob" and e.name == ref.train_job)]
+        ctx.status.lineage.append(entry)
+        return True
 
     def pods(self, ctx: Ctx) -> list[Manifest]:
         spec, job, attempt = ctx.model.spec, ctx.job, ctx.status.attempt
@@ -466,6 +536,8 @@ class KernelTuneImpl(_PodKind):
 
     def run(self, ctx: Ctx) -> None:
         st = ctx.status
+        if not self._shapes_lineage(ctx):
+            return
         states = run_gang(ctx, self, self.pods(ctx), None)
         if states is None:
             return

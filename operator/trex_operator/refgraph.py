@@ -26,7 +26,8 @@ def _valid_name(name: Any) -> bool:
 
 def referenced_fields(body: Mapping[str, Any], waits: bool = False) -> list[tuple[str, Node]]:
     """(field path, (kind, name)) of every job a raw object references (malformed specs tolerated); with
-    ``waits`` only those the job waits for (not an opd teacher given its own ``path``)."""
+    ``waits`` only those the job waits for (not an opd teacher given its own ``path``, not a KernelTuneJob's
+    shapesFrom)."""
     spec = body.get("spec")
     out: list[tuple[str, Node]] = []
     if not isinstance(spec, dict):
@@ -35,6 +36,11 @@ def referenced_fields(body: Mapping[str, Any], waits: bool = False) -> list[tupl
         ref = spec.get(key)
         if isinstance(ref, dict) and _valid_name(ref.get("name")):
             out.append((f"spec.{key}", (kind, ref["name"])))
+    kernels = spec.get("kernels")
+    shapes_from = kernels.get("shapesFrom") if isinstance(kernels, dict) else None
+    name = shapes_from.get("trainJob") if isinstance(shapes_from, dict) else None
+    if not waits and isinstance(name, str) and _valid_name(name):  # a KernelTuneJob reads the TrainJob's spec, never waits for it
+        out.append(("spec.kernels.shapesFrom", ("TrainJob", name)))
     trainer = spec.get("trainer")
     opd = trainer.get("opd") if isinstance(trainer, dict) else None
     teachers = opd.get("teachers") if isinstance(opd, dict) else None

@@ -245,8 +245,10 @@ def main(argv: list[str]) -> int:
         return 2
     checked = list(iter_documents(args.files, defaults))
     from trex_operator.budgets import budget_problems
+    from trex_operator.kernel_shapes import kernels_from_problems
 
-    problems = [p for c in checked for p in c.problems] + cycle_problems(checked) + budget_problems(checked)
+    problems = [p for c in checked for p in c.problems] + cycle_problems(checked) + budget_problems(checked) \
+        + kernels_from_problems(checked)
     for p in problems:
         print(p.line(), file=sys.stderr if is_get else sys.stdout)
     if is_get:

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("trex.trainer.data.cli", "Prepare training data once: `trex data prepare --config FILE`."),
     "plan": ("trex_operator.plan_cli", "Per-device memory plan of a TrainJob or trainer config, and whether it fits."),
     "mfu": ("trex.trainer.mfu_cli", "Parameters, FLOPs per token and MFU for a preset."),
-    "kernels": ("trex.kernels.cli", "AuraKernel: tune kernels (`tune`) and report (`report`)."),
+    "kernels": ("trex_operator.kernel_shapes", "AuraKernel: tune kernels (`tune`) and report (`report`)."),
     "ordata": ("trex.ordata.cli", "OR data pipeline: `generate`, `merge`, `show`."),
     "eval": ("trex.evaluation.cli", "Evaluate a model on OR benchmarks; `eval report DIR`."),
     "demo": ("trex_operator.demo", "Run the local end-to-end demo."),

@@ -39,8 +39,9 @@ def _body(kind: str, spec: dict[str, Any], name: str = "job") -> dict[str, Any]:
 def all_children(body: dict[str, Any], defaults: ClusterDefaults | None = None) -> list[Manifest]:
     """Every child the planner creates over a job's life (dependencies met, servers ready, shards done)."""
     obs = Observed(now=NOW) if defaults is None else Observed(now=NOW, defaults=defaults)
-    for kind, name in referenced(body):
-        obs.refs[(kind, name)] = _succeeded(kind, name)
+    examples = {(b["kind"], b["metadata"]["name"]): b for b in example_bodies()}
+    for kind, name in referenced(body):  # a referenced example (a KernelTuneJob's shapesFrom) with its own spec
+        obs.refs[(kind, name)] = _succeeded(kind, name, (examples.get((kind, name)) or {}).get("spec"))
     out = list(plan_job(body, obs).ensure)
     for m in out:
         if m["kind"] == "Deployment":

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--skills", help="skill library (JSONL)")
     t.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     t.add_argument("--out", help="output directory")
+    t.add_argument("--shapes-from", metavar="FILE", help="tune the shape classes the run in FILE calls (a TrainJob "
+                   "manifest or a trainer YAML: its model, micro-batch, sequence lengths and tp/ep/etp layout)")
     r = sub.add_parser("report", help="regenerate report.md from an output directory")
     r.add_argument("dir")
     return p
@@ -55,7 +58,12 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return resolve_config(KernelTuneConfig, data, args.overrides)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+ShapesReader = Callable[[Any, str], Any]
+"""(config, FILE) -> the config with the shapes of the run FILE describes (the trex command table passes the
+trainer's derivation, which this workload does not import)."""
+
+
+def main(argv: Sequence[str] | None = None, shapes_reader: ShapesReader | None = None) -> int:
     """Entry point; returns the exit code."""
     args = _parser().parse_args(list(argv) if argv is not None else None)
     if args.cmd == "report":
@@ -71,12 +79,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cfg = build_config(args)
-    except ConfigError as e:
+        if args.shapes_from:
+            if shapes_reader is None:
+                raise ConfigError("--shapes-from: run it as `trex kernels tune` (the trex command reads the run)")
+            cfg = shapes_reader(cfg.model_copy(update={"shapes": []}), args.shapes_from)
+    except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
+    if cfg.shapes_from is not None:
+        print(f"error: shapesFrom: names TrainJob {cfg.shapes_from.train_job}; pass its manifest with "
+              "--shapes-from FILE (the operator resolves it in a KernelTuneJob)", file=sys.stderr)
+        return 2
     from trex.kernels.backends.base import BackendUnavailable
     from trex.kernels.tune import run
 

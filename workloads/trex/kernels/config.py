@@ -38,6 +38,14 @@ class KernelShape(TrexModel):
         return self
 
 
+class ShapesFrom(TrexModel):
+    """The run whose shapes a KernelTuneJob tunes."""
+
+    train_job: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    """Name of a TrainJob in the same namespace: its model, micro-batch, sequence lengths and tp/ep/etp layout give
+    the shape classes (one rank's local shard shapes) each kernel is tuned at."""
+
+
 class BudgetConfig(TrexModel):
     """Search budget; whichever runs out first ends the search."""
 
@@ -71,6 +79,11 @@ class KernelTuneConfig(TrexModel):
     """Backend: cpu-c (gcc + OpenMP), cuda-triton, npu-ascendc."""
     shapes: list[KernelShape] = Field(default_factory=list)
     """Shapes to tune; kernels without an entry use the suite's default shapes."""
+    shapes_from: ShapesFrom | None = None
+    """Tune the shape classes this TrainJob's trainer calls (the same derivation the trainer loads kernels for):
+    the operator reads the TrainJob's spec and sets ``shapes`` (and, when ``kernels`` is empty, the kernels the run
+    calls that the backend tunes in ``dtypes``); `trex kernels tune --shapes-from FILE` does the same from a
+    TrainJob manifest or trainer YAML. Exclusive with ``shapes``."""
     dtypes: list[DType] = Field(default_factory=lambda: list(DEFAULT_DTYPES), min_length=1)
     """Data types."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
@@ -98,6 +111,8 @@ class KernelTuneConfig(TrexModel):
 
     @model_validator(mode="after")
     def _check(self) -> KernelTuneConfig:
+        if self.shapes_from is not None and self.shapes:
+            raise ValueError("shapesFrom: sets shapes from the TrainJob; set one of the two")
         if self.suite == "none" and not self.kernels:
             raise ValueError("kernels: must name at least one kernel when suite is 'none'")
         problem = coverage_problem(self.backend, self.kernels, self.dtypes, [(s.kernel, s.dims) for s in self.shapes])

@@ -51,6 +51,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("trex_train_kernel_refused", "gauge",
                "1 per registry kernel refused at load (build failure or disagreement with the eager op).",
                (*_JOB, "kernel")),
+    MetricSpec("trex_train_kernel_coverage", "gauge",
+               "Shape classes per kernel: the run's (classes=run), called so far, tuned in the registry, active, "
+               "refused.", (*_JOB, "kernel", "classes")),
     MetricSpec("trex_train_anticipatory_routing", "gauge", "1 while anticipatory routing is on.", _JOB),
     MetricSpec("trex_train_last_checkpoint_step", "gauge", "Step of the last verified checkpoint.", _JOB),
     MetricSpec("trex_train_last_checkpoint_timestamp_seconds", "gauge", "Unix time of the last verified checkpoint.", _JOB),

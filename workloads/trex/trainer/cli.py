@@ -140,6 +140,10 @@ def _result(trainer: Trainer, result: TrainResult, seconds: float) -> dict[str, 
         "tokens": trainer.tokens_seen, "seconds": round(seconds, 3)}
     if cfg.kernels.registry:
         out["kernels"] = trainer.kernels.summary()
+        if trainer.rank == 0:
+            trainer.log(trainer.kernels.coverage_line())
+        if trainer.telemetry is not None:  # the called classes are known now
+            trainer.kernels.export(trainer.telemetry.exporter, trainer.job)
     if trainer.telemetry is not None:
         out.update(peakFlops=trainer.telemetry.peak_flops, peakSource=trainer.telemetry.peak_source,
                    flopsConvention=trainer.telemetry.convention)

@@ -48,13 +48,20 @@ DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 @dataclass
 class KernelState:
-    """What the run loaded: accepted kernels by (kernel, dtype, shape class), refusals, and calls made."""
+    """What the run loaded: accepted kernels by (kernel, dtype, shape class), refusals, the run's shape classes,
+    the registry's entries for them, and calls made."""
 
     compiled: dict[tuple[str, str, str], Compiled] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     """'kernel/dtype/bucket' -> why it was refused."""
     calls: Counter[str] = field(default_factory=Counter)
     """Tuned launches per kernel name."""
+    run: set[tuple[str, str]] = field(default_factory=set)
+    """(kernel, shape class) of every call this run's model and layout make (``trainer_kernel_shapes``)."""
+    tuned: set[tuple[str, str, str]] = field(default_factory=set)
+    """(kernel, dtype, shape class) the registry has an entry for among the run's shape classes."""
+    called: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    """Dispatched calls per (kernel, dtype, shape class), tuned or eager (counted while a registry is given)."""
     _rebound: dict[tuple[str, str, str, tuple[float, ...]], Compiled] = field(default_factory=dict)
 
     @property
@@ -62,16 +69,44 @@ class KernelState:
         """'kernel/dtype/bucket' of every accepted kernel."""
         return sorted("/".join(k) for k in self.compiled)
 
+    def coverage(self) -> dict[str, dict[str, Any]]:
+        """Per kernel: the run's shape classes, those called so far ('dtype/bucket'), tuned in the registry, active,
+        and refused with the reason."""
+        names = sorted({k for k, _ in self.run} | {k[0] for k in self.tuned} | {k[0] for k in self.called})
+        out: dict[str, dict[str, Any]] = {}
+        for name in names:
+            out[name] = {
+                "run": sorted(b for k, b in self.run if k == name),
+                "called": sorted(f"{d}/{b}" for k, d, b in self.called if k == name),
+                "tuned": sorted(f"{d}/{b}" for k, d, b in self.tuned if k == name),
+                "active": sorted(f"{d}/{b}" for k, d, b in self.compiled if k == name),
+                "refused": {r.split("/", 1)[1]: why for r, why in sorted(self.refused.items())
+                            if r.split("/", 1)[0] == name},
+            }
+        return out
+
+    def coverage_line(self) -> str:
+        """One line: per kernel, active of tuned of the run's shape classes, refused and called counts."""
+        parts = [f"{name} {len(c['active'])}/{len(c['tuned'])}/{len(c['run'])}"
+                 + (f" ({len(c['refused'])} refused)" if c["refused"] else "")
+                 + (f", {len(c['called'])} called" if c["called"] else "")
+                 for name, c in self.coverage().items()]
+        return "kernels coverage (active/tuned/run shape classes): " + ("; ".join(parts) or "none")
+
     def summary(self) -> dict[str, Any]:
         """The termination summary's (and so TrainJob status.results') ``kernels`` entry."""
-        return {"active": self.active, "refused": dict(sorted(self.refused.items()))}
+        return {"active": self.active, "refused": dict(sorted(self.refused.items())), "coverage": self.coverage()}
 
     def export(self, exporter: Any, job: str) -> None:
-        """trex_train_kernel_active / trex_train_kernel_refused, one series per kernel/dtype/bucket."""
+        """trex_train_kernel_active / _refused, one series per kernel/dtype/bucket, and trex_train_kernel_coverage:
+        per kernel, its shape classes run / tuned / active / refused (/ called, when exported after steps)."""
         for k in self.active:
             exporter.metric("trex_train_kernel_active", job_name=job, kernel=k).set(1)
         for k in self.refused:
             exporter.metric("trex_train_kernel_refused", job_name=job, kernel=k).set(1)
+        for name, c in self.coverage().items():
+            for what in ("run", "called", "tuned", "active", "refused"):
+                exporter.metric("trex_train_kernel_coverage", job_name=job, kernel=name, classes=what).set(len(c[what]))
 
     def launcher(self, kernel: str, dtype: str, bucket: str, scalars: Mapping[str, float]) -> Compiled | None:
         """The accepted kernel for this call with the call's scalars bound (eps, limit), or None."""
@@ -323,9 +358,16 @@ def _plain(*ts: torch.Tensor) -> bool:
         and ts[0].dtype in DTYPES
 
 
+def _seen(kernel: str, dtype: str, dims: Mapping[str, int]) -> bool:
+    """Count the call's (kernel, dtype, shape class) for the coverage; whether a kernel is accepted for it."""
+    key = (kernel, dtype, shape_bucket(dims))
+    STATE.called[key] += 1
+    return key in STATE.compiled
+
+
 def _has(kernel: str, x: torch.Tensor) -> bool:
     rows = x.numel() // max(1, x.shape[-1])
-    return (kernel, DTYPES[x.dtype], shape_bucket({"rows": rows, "cols": x.shape[-1]})) in STATE.compiled
+    return _seen(kernel, DTYPES[x.dtype], {"rows": rows, "cols": x.shape[-1]})
 
 
 def tuned_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | None:
@@ -355,7 +397,7 @@ def tuned_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         return None
     tokens, heads, dim = x.shape[0] * x.shape[1], (x.shape[2] if x.dim() == 4 else 1), x.shape[-1]
     dims = {"tokens": tokens, "heads": heads, "dim": dim}
-    if ("rope_fwd", DTYPES[x.dtype], shape_bucket(dims)) not in STATE.compiled:
+    if not _seen("rope_fwd", DTYPES[x.dtype], dims):
         return None
     y: torch.Tensor = rope(x.reshape(tokens, heads, dim).contiguous(), cos.reshape(tokens, dim // 2).contiguous(),
                            sin.reshape(tokens, dim // 2).contiguous(), False)
@@ -370,7 +412,7 @@ def tuned_router(logits: torch.Tensor, bias: torch.Tensor, k: int,
     if code is None or logits.dim() != 2 or not _plain(logits, bias) or logits.dtype != torch.float32:
         return None
     dims = {"tokens": logits.shape[0], "experts": logits.shape[1], "k": k, "score": code}
-    if ("router_topk", "fp32", shape_bucket(dims)) not in STATE.compiled:
+    if not _seen("router_topk", "fp32", dims):
         return None
     idx, w = router_topk(logits.contiguous(), bias.detach().contiguous(), int(k), code)
     return w, idx
@@ -382,7 +424,7 @@ def tuned_grouped_linear(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor)
     if x.dim() != 2 or w.dim() != 3 or not _plain(x, w) or x.dtype != torch.float32 or x.shape[1] != w.shape[2]:
         return None
     dims = {"tokens": x.shape[0], "experts": w.shape[0], "hidden": w.shape[2], "out": w.shape[1]}
-    if ("grouped_gemm", "fp32", shape_bucket(dims)) not in STATE.compiled:
+    if not _seen("grouped_gemm", "fp32", dims):
         return None
     offsets = torch.zeros(w.shape[0] + 1, dtype=torch.int64, device=x.device)
     offsets[1:] = counts.cumsum(0)
@@ -408,12 +450,16 @@ def _pow2_classes(lo: int, hi: int) -> list[int]:
 
 
 def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens: list[int],
-                          device: str) -> list[tuple[str, dict[str, int]]]:
-    """(kernel, dims) of every dispatched call a run of this model shape makes: RMSNorm rows are the tokens of a
-    micro-batch (V4's compressed entries: micro-batch x windows), SwiGLU rows the tokens (routed experts: tokens x
-    experts per token, plus the CPU group padding), half-split RoPE the query and key heads, router top-k the
-    tokens, the grouped expert GEMMs the routed rows. These are the shapes a KernelTuneJob should tune for this
-    TrainJob."""
+                          device: str, tp: int = 1, ep: int = 1, etp: int = 1) -> list[tuple[str, dict[str, int]]]:
+    """(kernel, dims) of every dispatched call one rank of a run of this model shape and layout makes: RMSNorm rows
+    are the tokens of a micro-batch (V4's compressed entries: micro-batch x windows), SwiGLU rows the tokens (routed
+    experts: tokens x experts per token, plus the CPU group padding), half-split RoPE the query and key heads,
+    router top-k the tokens, the grouped expert GEMMs the routed rows. Local shard shapes: tp splits the query heads
+    and the dense MLP's hidden dim and gives each rank 1/tp of the sequences in MoE layers (router, shared and
+    routed experts), ep splits the routed experts, etp the routed experts' hidden dim; under
+    ep a rank receives a routing-dependent row count, of which the classes from half to twice the balanced count
+    are derived (a call outside them runs eager and shows in the coverage). These are the shapes a KernelTuneJob
+    tunes for this TrainJob (``shapesFrom``)."""
     from trex.trainer.mfu import layer_kinds
     from trex.trainer.model.moe import CPU_GROUP_ROWS
 
@@ -445,34 +491,108 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
                 add(kern, rows=rows, cols=c)
         act: list[tuple[int, int]] = []
         if int(values["n_dense_layers"]) > 0:
-            act.append((tokens, int(values["intermediate_size"])))
+            act.append((tokens, int(values["intermediate_size"]) // tp))
+        moe_tokens = -(-micro_batch // tp) * seq  # MoE layers: 1/tp of the sequences per rank (Shard(0))
         if moe_layers:
             moe = int(values["moe_intermediate_size"])
-            if int(values.get("n_shared_experts", 0)) > 0:
-                act.append((tokens, moe * int(values["n_shared_experts"])))
-            routed = tokens * k
-            top = routed + (n_exp * (CPU_GROUP_ROWS - 1) if device == "cpu" else 0)
-            act += [(r, moe) for r in _pow2_classes(routed, top)]  # every class the padded routed rows can fall in
-            for d_in, d_out in ((hidden, moe), (moe, hidden)):  # gate/up and down (and each other's dx): fp32 only
-                add("grouped_gemm", tokens=routed, experts=n_exp, hidden=d_in, out=d_out)
+            if int(values.get("n_shared_experts", 0)) > 0:  # shared experts: whole, on the rank's sequences
+                act.append((moe_tokens, moe * int(values["n_shared_experts"])))
+            routed, local, local_moe = moe_tokens * k, n_exp // ep, moe // etp
+            lo, hi = (routed, routed) if ep == 1 else (max(1, routed // 2), 2 * routed)
+            top = hi + (local * (CPU_GROUP_ROWS - 1) if device == "cpu" else 0)
+            act += [(r, local_moe) for r in _pow2_classes(lo, top)]  # every class the padded routed rows can fall in
+            for rows in _pow2_classes(lo, hi):
+                for d_in, d_out in ((hidden, local_moe), (local_moe, hidden)):  # gate/up, down (each other's dx)
+                    add("grouped_gemm", tokens=rows, experts=local, hidden=d_in, out=d_out)
         for rows, cols in act:
             for kern in OPS["swiglu"]:
                 add(kern, rows=rows, cols=cols)
         if kinds == {"mla"} and values.get("rope_interleave") is False:  # DeepSeek's interleaved pairs stay eager
-            for heads in (int(values["num_heads"]), 1):
+            for heads in (int(values["num_heads"]) // tp, 1):
                 for kern in OPS["rope"]:
                     add(kern, tokens=tokens, heads=heads, dim=int(values["qk_rope_head_dim"]))
         routed_gates = n_moe > int(values.get("n_hash_layers", 0)) or int(values.get("mtp_depth", 0)) > 0
         if routed_gates and int(values.get("n_groups", 1)) == 1 and values.get("norm_topk_prob") is not False \
                 and str(values.get("scoring")) in SCORE_CODES:
-            add("router_topk", tokens=tokens, experts=n_exp, k=k, score=SCORE_CODES[str(values["scoring"])])
+            add("router_topk", tokens=moe_tokens, experts=n_exp, k=k, score=SCORE_CODES[str(values["scoring"])])
     return sorted(out.values(), key=lambda kv: (kv[0], sorted(kv[1].items())))
 
 
-def install_for(cfg: TrainerConfig, device: str, log: Callable[[str], None]) -> KernelState:
-    """``install`` with this config's registry, model shape, micro-batch and sequence lengths."""
+def run_kernel_shapes(cfg: TrainerConfig, device: str) -> list[tuple[str, dict[str, int]]]:
+    """(kernel, dims) of every dispatched call one rank of this run makes (its model, micro-batch, sequence lengths
+    and tp/ep/etp layout): what ``install_for`` loads kernels for and what a KernelTuneJob's ``shapesFrom`` tunes.
+    Pure: no model is built."""
+    p = cfg.parallelism
     seqs = [cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)]
-    return install(cfg.kernels.registry, resolved_model_values(cfg.model), cfg.data.micro_batch_size, seqs, device, log)
+    return trainer_kernel_shapes(resolved_model_values(cfg.model), cfg.data.micro_batch_size, seqs, device,
+                                 tp=p.tp, ep=p.ep, etp=p.etp)
+
+
+def run_kernel_dtypes(cfg: TrainerConfig) -> list[str]:
+    """The dtypes the run's dispatched calls take: the model's (fp32 or bf16) and bf16 under bf16 autocast; a
+    float64 model dispatches none."""
+    dt: str = cfg.model.dtype
+    out = [dt] if dt in ("fp32", "bf16") else []
+    if cfg.model.autocast == "bf16" and "bf16" not in out:
+        out.append("bf16")
+    return out
+
+
+FP32_ONLY = ("router_topk", "grouped_gemm")
+"""Kernels the trainer dispatches in fp32 only (the router logits and the fp32 grouped expert GEMM)."""
+
+
+def install_for(cfg: TrainerConfig, device: str, log: Callable[[str], None]) -> KernelState:
+    """``install`` with this config's registry, model shape, micro-batch, sequence lengths and layout."""
+    seqs = [cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)]
+    p = cfg.parallelism
+    return install(cfg.kernels.registry, resolved_model_values(cfg.model), cfg.data.micro_batch_size, seqs, device,
+                   log, layout=(p.tp, p.ep, p.etp))
+
+
+def device_for_backend(backend: str) -> str:
+    """The device kind a registry's backend runs on (cpu-c: cpu, cuda-triton: cuda, npu-ascendc: npu)."""
+    return {b: d for d, b in BACKEND_FOR_DEVICE.items()}.get(backend, "cpu")
+
+
+def registry_covers(data: Mapping[str, Any], cfg: TrainerConfig) -> list[str]:
+    """'kernel/dtype/bucket' of the registry's entries that this run calls (its backend's device, the run's
+    shape classes and dtypes)."""
+    from trex.kernels import registry as reg
+
+    dtypes = run_kernel_dtypes(cfg)
+    out = []
+    for kernel, dims in run_kernel_shapes(cfg, device_for_backend(str(data.get("backend")))):
+        for dtype in ("fp32",) if kernel in FP32_ONLY else dtypes:
+            if reg.lookup(data, kernel, dims, dtype) is not None:
+                out.append(f"{kernel}/{dtype}/{shape_bucket(dims)}")
+    return out
+
+
+def registry_problem(cfg: TrainerConfig, field_name: str = "kernels.registry") -> tuple[str, str] | None:
+    """A registry file that exists now and has no entry for any of the run's shape classes: (field, message)
+    naming ``field_name`` (the validate => run rule: attached, it would activate nothing); None when it covers
+    one, is not set or is not readable here (a path inside the pod)."""
+    from trex.kernels import registry as reg
+
+    path = cfg.kernels.registry
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        data = reg.load(path)
+    except (OSError, ValueError):
+        return None
+    return None if registry_covers(data, cfg) else (field_name, uncovered_message(data, cfg))
+
+
+def uncovered_message(data: Mapping[str, Any], cfg: TrainerConfig) -> str:
+    """Why a registry activates nothing for this run: the shape classes it has against the ones the run calls."""
+    have = sorted({f"{k}/{b}" for k, by in (data.get("kernels") or {}).items() for b in by})
+    want = sorted({f"{k}/{shape_bucket(d)}" for k, d in run_kernel_shapes(cfg, device_for_backend(
+        str(data.get("backend"))))})
+    return (f"covers none of the run's {len(want)} kernel shape classes (it has {', '.join(have[:4]) or 'none'}"
+            f"{', ...' if len(have) > 4 else ''}; the run calls e.g. {', '.join(want[:4])}): tune it with "
+            "shapesFrom naming this TrainJob")
 
 
 def check_kernel(comp: Compiled, shape: Mapping[str, int], dtype: str, scalars: Mapping[str, float]) -> str | None:
@@ -515,9 +635,11 @@ def training_params(params: Mapping[str, int], device: str) -> dict[str, int]:
 
 
 def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch: int, seq_lens: list[int],
-            device: str, log: Callable[[str], None], backend: Backend | None = None) -> KernelState:
-    """Load, compile and check the registry's kernels for this run's shapes; route the accepted ones through
-    layers.TUNED. No registry (or none for this device) leaves every op eager."""
+            device: str, log: Callable[[str], None], backend: Backend | None = None,
+            layout: tuple[int, int, int] = (1, 1, 1)) -> KernelState:
+    """Load, compile and check the registry's kernels for this run's shapes (one rank's, under the (tp, ep, etp)
+    ``layout``); route every dispatched call through layers.TUNED, which runs the accepted ones and counts each
+    call's shape class for the coverage. No registry (or none for this device) leaves every op eager."""
     global STATE
     STATE = KernelState()
     layers.TUNED.clear()
@@ -526,6 +648,9 @@ def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch:
     from trex.kernels import registry as reg
     from trex.kernels.backends import get_backend
 
+    tp, ep, etp = layout
+    shapes = trainer_kernel_shapes(values, micro_batch, seq_lens, device, tp=tp, ep=ep, etp=etp)
+    STATE.run = {(k, shape_bucket(d)) for k, d in shapes}
     try:
         data = reg.load(registry)
     except (OSError, ValueError) as e:
@@ -539,13 +664,14 @@ def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch:
         return STATE
     be = backend or get_backend(want)
     scalars = {"eps": float(values.get("norm_eps", 1e-6)), "limit": float(values.get("swiglu_limit", 0.0)) or math.inf}
-    for kernel, dims in trainer_kernel_shapes(values, micro_batch, seq_lens, device):
+    for kernel, dims in shapes:
         spec = SUITE[kernel]
         mine = {k: v for k, v in scalars.items() if k in spec.scalars}
         for dtype in ("fp32", "bf16"):
             entry = reg.lookup(data, kernel, dims, dtype)
             if entry is None:
                 continue
+            STATE.tuned.add((kernel, dtype, shape_bucket(dims)))
             key = f"{kernel}/{dtype}/{shape_bucket(dims)}"
             try:
                 comp = be.compile(spec, training_params(entry["params"], device), dtype)
@@ -557,8 +683,9 @@ def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch:
                 log(f"kernels: refused {key}: {why}")
                 continue
             STATE.compiled[(kernel, dtype, shape_bucket(dims))] = comp
-    if STATE.compiled:
-        layers.TUNED.update(DISPATCH)
-        one = " (1 thread each)" if device == "cpu" else ""
-        log(f"kernels: {len(STATE.compiled)} tuned kernel(s) active{one} from {registry}: {', '.join(STATE.active)}")
+    layers.TUNED.update(DISPATCH)
+    one = " (1 thread each)" if device == "cpu" else ""
+    log(f"kernels: {len(STATE.compiled)} tuned kernel(s) active{one} from {registry}: "
+        f"{', '.join(STATE.active) or 'none'}")
+    log(STATE.coverage_line())
     return STATE

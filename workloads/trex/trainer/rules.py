@@ -45,6 +45,9 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     optimizer.swap is on. Empty means valid."""
     layout = parallelism_problems(cfg, world_size)
     out = layout + support_problems(cfg) + rl_layout_problems(cfg, world_size)
+    if cfg.kernels.registry and Path(cfg.kernels.registry).is_file():  # readable here: it must cover the run
+        from trex.trainer.kernels import registry_problem
+        out += [p for p in [registry_problem(cfg)] if p is not None]
     if local and not layout:
         p = cfg.parallelism
         out += local_problems(cfg, world_size // (p.tp * p.pp))
