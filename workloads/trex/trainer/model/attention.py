@@ -17,7 +17,6 @@ from trex.trainer.model.context import AttnContext
 from trex.trainer.model.layers import RMSNorm, apply_rope, causal_doc_mask
 from trex.trainer.model.v4attention import V4Attention
 
-
 LATENT_NORM_EPS = 1e-6
 """eps of the q/kv latent norms: DeepSeek-V3 (and transformers' port) fix it at 1e-6 whatever rms_norm_eps is."""
 
