@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from trex.ordata.generators import FAMILIES, derive_seed, sample_feasible
-from trex.ordata.ir import Constraint, Instance, Objective, Variable, instance_from_json, write_model
-from trex.ordata.solve import solve_gurobi, solve_highs
+from trex.ordata.ir import Constraint, Instance, Objective, Variable, instance_from_json
+from trex.ordata.solve import solve_gurobi, solve_highs, write_model
 
 
 def _inst(family: str, index: int = 0, size: int = 4) -> Instance:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from trex.trainer.model import ModelArgs, build_model_from_args
-from trex.trainer.model.attention import AttnContext, MLAttention
+from trex.trainer.model.attention import MLAttention
+from trex.trainer.model.context import AttnContext
 from trex.trainer.model.layers import RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin
 from trex.trainer.model.moe import grouped_linear
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from trex.trainer.model import ModelArgs
-from trex.trainer.model.attention import AttnContext
+from trex.trainer.model.context import AttnContext
 from trex.trainer.model.hc import HyperConnection, sinkhorn
 from trex.trainer.model.layers import rope_cos_sin
 from trex.trainer.model.model import Block

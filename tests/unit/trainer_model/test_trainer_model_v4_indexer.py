@@ -353,7 +353,7 @@ def test_mtp_block_in_the_released_layout_loads_and_predicts(tmp_path: Path) -> 
 
 def _csa_layer() -> tuple[Any, torch.Tensor, Any]:
     """A tiny float64 csa attention layer (top-2 of up to 6 entries), its input and context."""
-    from trex.trainer.model.attention import AttnContext
+    from trex.trainer.model.context import AttnContext
     from trex.trainer.model.layers import rope_cos_sin
     from trex.trainer.model.v4attention import V4Attention
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trex.fsio import atomic_write_bytes
-from trex.kernels.backends.base import DeviceFacts, source_hash
+from trex.kernels.facts import DeviceFacts, source_hash
 from trex.kernels.profile import steady_median
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trex.kernels.backends.base import DeviceFacts
+from trex.kernels.facts import DeviceFacts
 from trex.kernels.suite.base import KernelSpec, elem_bytes
 
 if TYPE_CHECKING:

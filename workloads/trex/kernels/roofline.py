@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from trex.kernels.backends.base import DeviceFacts
+from trex.kernels.facts import DeviceFacts
 from trex.kernels.suite.base import KernelSpec, elem_bytes
 
 Regime = Literal["memory", "compute", "overhead"]

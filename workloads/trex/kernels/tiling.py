@@ -32,10 +32,22 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from trex.kernels.backends.base import DIRECTION_OF, Backend, DeviceFacts, ParamSpace
+from trex.kernels.facts import DIRECTION_OF, DeviceFacts, ParamSpace
+from trex.kernels.roofline import (
+    FORK_JOIN_S,
+    LAUNCH_S,
+    classify,
+    compute_seconds,
+    transcendentals,
+    unfused_flops,
+    vector_width,
+)
 from trex.kernels.suite.base import KernelSpec, elem_bytes
+
+if TYPE_CHECKING:
+    from trex.kernels.backends.base import Backend
 
 Solver = Literal["highs", "gurobi"]
 LEVEL = "LEVEL"
@@ -341,15 +353,6 @@ def cpu_model(spec: KernelSpec, shape: Mapping[str, int], dtype: str, space: Par
     per-core peak at the vector width and thread count, streaming bytes over the measured bandwidth of the
     data's level at that thread count (a stage spilling out of L1 re-reads 10 %), fork/join per launch,
     per-block issue and chunk imbalance."""
-    from trex.kernels.roofline import (
-        FORK_JOIN_S,
-        LAUNCH_S,
-        compute_seconds,
-        transcendentals,
-        unfused_flops,
-        vector_width,
-    )
-
     e = elem_bytes(dtype)
     moved, fl = spec.bytes_moved(shape, e), spec.flops(shape)
     cores = max(1, facts.cores)
@@ -493,8 +496,6 @@ def plan(spec: KernelSpec, shape: Mapping[str, int], dtype: str, backend: Backen
          solver: Solver = "highs", spread: float = 0.25) -> TilingPlan:
     """Build and solve the backend's MILP for one (kernel, shape, dtype); the parameters whose alternatives the
     model cannot separate from the optimum (within ``spread``) are the directions worth exploring first."""
-    from trex.kernels.roofline import classify
-
     model = _restrict(backend.tiling_model(spec, shape, dtype, facts, capacity), fixed)
     sols = solve(model, k=k, solver=solver)
     if not sols:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 VarType = Literal["continuous", "integer", "binary"]
@@ -233,15 +232,3 @@ def instance_from_dict(d: dict[str, Any]) -> Instance:
 def instance_from_json(text: str) -> Instance:
     """Parse :meth:`Instance.to_json` output."""
     return instance_from_dict(json.loads(text))
-
-
-def write_model(inst: Instance, path: str | Path) -> Path:
-    """Write the model as LP or MPS (chosen by the suffix .lp / .mps) through HiGHS's writer."""
-    from trex.ordata.solve import build_highs
-
-    p = Path(path)
-    if p.suffix not in (".lp", ".mps"):
-        raise ValueError(f"path suffix must be .lp or .mps, got {p.suffix!r}")
-    h = build_highs(inst, time_limit_s=60.0)
-    h.writeModel(str(p))
-    return p

@@ -1,6 +1,7 @@
 """Solve an :class:`~trex.ordata.ir.Instance` with gurobipy (when it fits the size-limited licence) or HiGHS.
 
-Models are built directly from the IR (no files). Both adapters return the same :class:`SolveResult`.
+Models are built directly from the IR (no files; :func:`write_model` exports one as LP or MPS). Both adapters return
+the same :class:`SolveResult`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 from trex.ordata.ir import Instance
@@ -211,6 +213,16 @@ def build_highs(inst: Instance, time_limit_s: float = 30.0) -> Any:
         h.passHessian(hess)
     h.changeObjectiveSense(highspy.ObjSense.kMinimize if o.sense == "min" else highspy.ObjSense.kMaximize)
     return h
+
+
+def write_model(inst: Instance, path: str | Path) -> Path:
+    """Write the model as LP or MPS (chosen by the suffix .lp / .mps) through HiGHS's writer."""
+    p = Path(path)
+    if p.suffix not in (".lp", ".mps"):
+        raise ValueError(f"path suffix must be .lp or .mps, got {p.suffix!r}")
+    h = build_highs(inst, time_limit_s=60.0)
+    h.writeModel(str(p))
+    return p
 
 
 def solve_highs(inst: Instance, time_limit_s: float = 30.0) -> SolveResult:

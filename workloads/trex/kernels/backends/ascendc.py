@@ -34,12 +34,12 @@ from trex.kernels.backends.base import (
     ParamSpace,
     source_hash,
 )
+from trex.kernels.backends.cpu_c import default_cache_dir
 from trex.kernels.suite.base import KernelSpec
+from trex.kernels.tiling import Combo, Group, Solver, TilingModel, plan
 
 if TYPE_CHECKING:
     import torch
-
-    from trex.kernels.tiling import Solver, TilingModel
 
 
 @dataclass(frozen=True)
@@ -225,8 +225,6 @@ class AscendCBackend(Backend):
         if soc not in SOCS:
             raise ValueError(f"soc {soc!r} unknown; expected one of {sorted(SOCS)}")
         self.soc = soc
-        from trex.kernels.backends.cpu_c import default_cache_dir
-
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ascendc"
 
     def supports(self, spec: KernelSpec, dtype: str) -> bool:
@@ -279,8 +277,6 @@ class AscendCBackend(Backend):
         """UB MILP: queue footprint (BUFFER_NUM copies of every queue tile plus scratch) within the UB, tiles
         of whole 32-byte blocks no longer than the padded row, at most one core per row; HBM time over the
         cores used, per-tile issue cost exposed without double buffering (a_1 = 1, a_2 = 0), launch cost."""
-        from trex.kernels.tiling import Combo, Group, TilingModel
-
         space = self.param_space(spec, shape)
         rows, cols, _ = _rows_cols(spec, shape)
         cap = float(capacity if capacity is not None else self.ub_capacity())
@@ -363,7 +359,5 @@ class AscendCBackend(Backend):
 def plan_tiling(spec: KernelSpec, shape: Mapping[str, int], backend: AscendCBackend, k: int = 3,
                 solver: Solver = "highs") -> list[tuple[Params, AscendTiling, float]]:
     """The k best tilings of the UB MILP (``AscendCBackend.tiling_model``) with their host tiling structs."""
-    from trex.kernels.tiling import plan
-
     pl = plan(spec, shape, "fp32", backend, backend.facts(), k=k, solver=solver)
     return [(c.params, make_tiling(spec, shape, c.params, backend.soc), c.predicted) for c in pl.ranked]

@@ -26,6 +26,7 @@ from trex.kernels.backends.base import (
     ParamSpace,
     source_hash,
 )
+from trex.kernels.machine import measure_cached
 from trex.kernels.suite.base import KernelSpec, torch_dtype
 
 if TYPE_CHECKING:
@@ -191,7 +192,5 @@ class CpuCBackend(Backend):
 
     def facts(self) -> DeviceFacts:
         if self._facts is None:
-            from trex.kernels.machine import measure_cached
-
             self._facts = measure_cached(self.cache_dir, backend=self)
         return self._facts

@@ -21,12 +21,12 @@ from trex.kernels.backends.base import (
     ParamSpace,
     source_hash,
 )
-from trex.kernels.suite.base import KernelSpec
+from trex.kernels.roofline import classify
+from trex.kernels.suite.base import KernelSpec, elem_bytes
+from trex.kernels.tiling import LEVEL, Group, TilingModel, stage_time
 
 if TYPE_CHECKING:
     import torch
-
-    from trex.kernels.tiling import Group, TilingModel
 
 TRITON_KERNELS: tuple[str, ...] = (
     "rmsnorm_fwd", "swiglu_clamp_fwd", "swiglu_clamp_bwd", "rope_fwd", "rope_inv", "cross_entropy", "kl_div",
@@ -207,9 +207,6 @@ class TritonBackend(Backend):
         occupancy of a program's tile over 32 x WARPS lanes, pipelined across stages (one stage exposes the
         smaller term, more stages hide it), per-iteration loop cost and one launch. The MoE kernels get
         their own terms (``moe_groups``)."""
-        from trex.kernels.roofline import classify
-        from trex.kernels.suite.base import elem_bytes
-        from trex.kernels.tiling import Group, TilingModel
 
         space = self.param_space(spec, shape)
         e = elem_bytes(dtype)
@@ -237,10 +234,8 @@ class TritonBackend(Backend):
                 facts: DeviceFacts) -> float:
         """Roofline time plus launch, per-slice loop overhead and an occupancy penalty for odd warp counts;
         the MoE kernels use their tiling model's terms (whether or not the stage fits)."""
-        from trex.kernels.roofline import classify
 
         if spec.name in ("router_topk", "grouped_gemm", "mhc_pre"):
-            from trex.kernels.tiling import LEVEL, stage_time
 
             return stage_time(self.tiling_model(spec, shape, dtype, facts), {**params, LEVEL: 0})
         roof = classify(spec, shape, dtype, facts)
@@ -260,7 +255,6 @@ def moe_groups(spec: KernelSpec, shape: Mapping[str, int], e: int, t_compute: fl
                facts: DeviceFacts, space: ParamSpace) -> tuple[Group, ...]:
     """Cost groups of the router, grouped-GEMM and mHC Triton kernels. Programs run ``facts.cores`` at a time
     (waves); loop cost is iterations per program times waves."""
-    from trex.kernels.tiling import Group
 
     cores = max(1, facts.cores)
 

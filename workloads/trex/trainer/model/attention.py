@@ -2,60 +2,20 @@
 
 Both take packed documents (`doc_ids`): no attention crosses a document, and the rotary positions
 come from `position_ids` (restarting per document). Correctness first: explicit masks, no fused
-kernels. The V4 layers live in trex.trainer.model.v4attention.
+kernels. The V4 layers live in trex.trainer.model.v4attention, the shared per-forward inputs in
+trex.trainer.model.context.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.layers import RMSNorm, apply_rope, causal_doc_mask, rope_cos_sin
-
-
-class AttentionCache(Protocol):
-    """Incremental-decoding state an attention layer hands its work to (trex.trainer.rollout.cache)."""
-
-    def attend(self, module: nn.Module, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's (output [B, T, D], auxiliary loss) for the new tokens x, updating the layer's state."""
-        ...
-
-    def positions(self, t: int) -> torch.Tensor:
-        """Positions [B, t] of the next t tokens of every row (each row continues its own length)."""
-        ...
-
-    def advance(self, t: int) -> None:
-        """Every layer has taken the t new tokens: the rows' lengths grow by t."""
-        ...
-
-
-@dataclass
-class AttnContext:
-    """Per-forward inputs shared by every attention layer."""
-
-    position_ids: torch.Tensor  # [B, T] long, restarting per document
-    doc_ids: torch.Tensor | None  # [B, T] or None (one document per row)
-    cos: torch.Tensor  # [B, T, rope/2]
-    sin: torch.Tensor
-    mask: torch.Tensor | None = None
-    """causal_doc_mask(doc_ids) [B, 1, T, T], built once per forward and shared by every mla layer
-    (None: each layer builds it from doc_ids)."""
-    ropes: dict[tuple[float, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    cache: AttentionCache | None = None
-    """Decoding only: the KV cache every attention layer delegates to (None: a plain full forward)."""
-
-    def rope(self, theta: float, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [B, T, dim/2] at position_ids for base `theta`, computed once per forward."""
-        key = (theta, dim)
-        if key not in self.ropes:
-            self.ropes[key] = rope_cos_sin(self.position_ids, dim, theta, dtype=self.cos.dtype)
-        return self.ropes[key]
-
+from trex.trainer.model.context import AttnContext
+from trex.trainer.model.layers import RMSNorm, apply_rope, causal_doc_mask
+from trex.trainer.model.v4attention import V4Attention
 
 LATENT_NORM_EPS = 1e-6
 """eps of the q/kv latent norms: DeepSeek-V3 (and transformers' port) fix it at 1e-6 whatever rms_norm_eps is."""
@@ -141,6 +101,4 @@ def build_attention(args: ModelArgs, layer: int = 0) -> nn.Module:
     kind = args.layer_kind(layer)
     if kind == "mla":
         return MLAttention(args)
-    from trex.trainer.model.v4attention import V4Attention
-
     return V4Attention(args, kind)

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.attention import AttentionCache, AttnContext, build_attention
+from trex.trainer.model.attention import build_attention
+from trex.trainer.model.context import AttentionCache, AttnContext
 from trex.trainer.model.hc import HyperConnection, HyperHead
 from trex.trainer.model.init import Init, constant, explicit, fill, normal
 from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin, upcast
@@ -320,6 +321,13 @@ class DeepSeekModel(nn.Module):
                 )
                 roles[full] = "muon" if muon and p.dim() >= 2 else "adamw"
         return roles
+
+
+def blocks(model: DeepSeekModel) -> list[Block]:
+    """Every transformer block: the trunk's, then each MTP module's."""
+    out = [b for b in model.layers if isinstance(b, Block)]
+    out += [m.block for m in model.mtp if isinstance(m, MTPModule)]
+    return out
 
 
 def update_expert_bias(model: DeepSeekModel, expert_counts: torch.Tensor, speed: float,

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.attention import AttnContext
+from trex.trainer.model.context import AttnContext
 from trex.trainer.model.layers import (
     RMSNorm,
     apply_rope_tail,

@@ -29,12 +29,13 @@ from torch import nn
 
 from trex.trainer.model.attention import MLAttention
 from trex.trainer.model.layers import MLP
-from trex.trainer.model.model import Block, DeepSeekModel, MTPModule
+from trex.trainer.model.model import DeepSeekModel, blocks
 from trex.trainer.model.moe import MoE
 from trex.trainer.model.v4attention import V4Attention
 from trex.trainer.parallel.expert import ExpertDispatch
 from trex.trainer.parallel.mesh import Meshes, ParallelDims
 from trex.trainer.parallel.placement import TP_TABLE
+from trex.trainer.parallel.recompute import apply_recompute
 
 
 @dataclass
@@ -45,19 +46,10 @@ class Parallelized:
     """The token dispatcher of every MoE layer (their a2a_bytes count the all-to-all traffic)."""
 
 
-def blocks(model: DeepSeekModel) -> list[Block]:
-    """Every transformer block: the trunk's, then each MTP module's."""
-    out = [b for b in model.layers if isinstance(b, Block)]
-    out += [m.block for m in model.mtp if isinstance(m, MTPModule)]
-    return out
-
-
 def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, param_dtype: torch.dtype,
                 reshard_after_forward: bool = True, recompute: str = "none") -> Parallelized:
     """Distribute ``model`` in place (it must hold the same full weights on every rank): tensor and expert
     parallelism, activation recompute (trex.trainer.parallel.recompute), then FSDP2."""
-    from trex.trainer.parallel.recompute import apply_recompute
-
     info = Parallelized()
     if dims.tp > 1:
         apply_tensor_parallel(model, dims, meshes, info)

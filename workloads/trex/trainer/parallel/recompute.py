@@ -18,9 +18,8 @@ from typing import Any
 
 from torch import nn
 
-from trex.trainer.model.model import DeepSeekModel
+from trex.trainer.model.model import DeepSeekModel, blocks
 from trex.trainer.model.moe import MoE
-from trex.trainer.parallel.parallelize import blocks
 
 MODES = ("none", "selective", "full")
 

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trex.trainer.model.attention import AttnContext, MLAttention
+from trex.trainer.model.attention import MLAttention
+from trex.trainer.model.context import AttnContext
 from trex.trainer.model.layers import apply_rope, apply_rope_tail, local_tensor, rope_cos_sin, upcast
 from trex.trainer.model.v4attention import Indexer, Pool, V4Attention, top_k_visible, windows
 
