@@ -107,4 +107,5 @@ def test_data_startup_per_rank_falls_as_one_over_n_unlike_todays_path(tmp_path: 
     assert res["store"][1]["bytes_read"] >= 2 * store.total_tokens  # world 1 reads every token once
     # today's path: every rank reads and encodes everything, so the same checks fail on it
     assert not _scales(res["memory"], "bytes_read", read_constant), res["memory"]
-    assert not _scales(res["memory"], "peak_bytes", RSS_CONSTANT), res["memory"]
+    # its peak does not fall with N (at this corpus size it can sit inside the store's constant, so compare worlds)
+    assert res["memory"][4]["peak_bytes"] >= 0.9 * res["memory"][1]["peak_bytes"], res["memory"]
