@@ -69,9 +69,16 @@ def test_demo_quickstart_quick(tmp_path: Path) -> None:
     assert "SFT steps on a CPU: a score near 0 means too small a model" in out
     assert "== oracle check: reference answers cut at maxTokens=1536 score Pass@1 = 100 %" in out, out[-3000:]
 
-    # Kernels: the two kernels of the manifest at their default shape, and the geomean is theirs.
+    # Kernels: the two kernels of the manifest at the quickstart TrainJob's shape classes (shapesFrom: RMSNorm at
+    # hidden 64 and the kv latent 32; SwiGLU at the expert hidden 32 over three row classes), the geomean is theirs,
+    # and the TrainJob (kernelsFrom) ran with every tuned class active and none refused.
     kernels = results["quickstart-kernels"]
-    assert sorted(kernels["kernels"]) == ["rmsnorm_fwd/fp32/cols2048-rows512", "swiglu_clamp_fwd/fp32/cols2048-rows512"]
+    assert sorted(kernels["kernels"]) == [
+        "rmsnorm_fwd/fp32/cols32-rows4096", "rmsnorm_fwd/fp32/cols64-rows4096",
+        "swiglu_clamp_fwd/fp32/cols32-rows16384", "swiglu_clamp_fwd/fp32/cols32-rows4096",
+        "swiglu_clamp_fwd/fp32/cols32-rows8192"]
+    active = results["quickstart-train"]["kernels"]
+    assert sorted(active["active"]) == sorted(kernels["kernels"]) and not active["refused"], active
     speedups = [k["speedup"] for k in kernels["kernels"].values()]
     assert kernels["geomeanSpeedup"] == pytest.approx(math.prod(speedups) ** (1 / len(speedups)), abs=1e-3)
 

@@ -27,8 +27,9 @@ STEPS = 12
 BATCH, SEQ = 2, 24
 TOLERANCE = 0.15
 """Allowed excess over an exact 1/N share, on top of the stated constants."""
-RSS_CONSTANT = 10 << 20
-"""Per rank whatever the corpus: code pages faulted in by the measuring process, one batch, the index."""
+RSS_CONSTANT = 24 << 20
+"""Per rank whatever the corpus: code and library pages faulted in by the measuring process (6-16 MiB measured,
+more under a loaded parallel test run), one batch, the index."""
 
 
 def _corpus(path: Path, n: int, words: int = 60, seed: int = 0) -> Path:
@@ -104,6 +105,7 @@ def test_data_startup_per_rank_falls_as_one_over_n_unlike_todays_path(tmp_path: 
     read_constant = index_bytes + (64 << 10)  # the index and header, and a few small files
     assert _scales(res["store"], "bytes_read", read_constant), res["store"]
     assert _scales(res["store"], "peak_bytes", RSS_CONSTANT), res["store"]
+    assert res["store"][4]["peak_bytes"] <= res["store"][1]["peak_bytes"] * (1 + TOLERANCE), res["store"]  # flat
     assert res["store"][1]["bytes_read"] >= 2 * store.total_tokens  # world 1 reads every token once
     # today's path: every rank reads and encodes everything, so the same checks fail on it
     assert not _scales(res["memory"], "bytes_read", read_constant), res["memory"]
