@@ -97,19 +97,15 @@ def export_hf(model: Any, tokenizer: Any, directory: str | os.PathLike[str], qua
 def export_trainer(trainer: Any, directory: str | os.PathLike[str]) -> Path:
     """export_hf of a Trainer's model on every rank (collective): each rank writes from its own shards, in
     the model dtype (fp32 masters cast as a plain model would hold them), quantised as checkpoint.exportQuant."""
-    import contextlib
-
     from trex.runtime.device import torch_dtype
     from trex.trainer.model import build_model
-    from trex.trainer.optim.swap import SwapOptimizers
 
     cfg = trainer.cfg
     dtypes = None
     if trainer.meshes is not None:
         plain = build_model(cfg.model, device="meta", dtype=torch_dtype(cfg.model.dtype), seed=cfg.seed)
         dtypes = {k: v.dtype for k, v in plain.state_dict().items()}
-    on = trainer.opts.masters_on_device() if isinstance(trainer.opts, SwapOptimizers) else contextlib.nullcontext()
-    with on:  # the shards are read (and sent) on the device
+    with trainer.opts.masters_on_device():  # the shards are read (and sent) on the device
         return export_hf(trainer.model, trainer.tokenizer, directory, quant=cfg.checkpoint.export_quant,
                          dtypes=dtypes)
 
