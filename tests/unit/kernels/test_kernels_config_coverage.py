@@ -60,3 +60,37 @@ def test_covered_requests_accepted() -> None:
     cfg = KernelTuneConfig(shapes=[{"kernel": "rope_fwd", "dims": {"tokens": 4, "heads": 2, "dim": 8}}])  # type: ignore[list-item]
     assert [shape for spec, shape, _ in jobs(cfg, get_backend(cfg.backend)) if spec.name == "rope_fwd"] == [
         {"tokens": 4, "heads": 2, "dim": 8}]
+
+
+def test_one_shape_per_class_is_tuned() -> None:
+    """Two listed shapes in one shape class (the registry holds one entry per class) tune once: the first."""
+    from trex.kernels.suite.base import shape_bucket
+    from trex.kernels.tune import jobs
+
+    cfg = KernelTuneConfig.model_validate({"backend": "cpu-c", "suite": "none", "kernels": ["rmsnorm_fwd"], "shapes": [
+        {"kernel": "rmsnorm_fwd", "dims": {"rows": 3000, "cols": 64}},
+        {"kernel": "rmsnorm_fwd", "dims": {"rows": 4096, "cols": 64}},
+        {"kernel": "rmsnorm_fwd", "dims": {"rows": 512, "cols": 64}}]})
+    got = [sh for _, sh, _ in jobs(cfg, get_backend("cpu-c"))]
+    assert shape_bucket({"rows": 3000, "cols": 64}) == shape_bucket({"rows": 4096, "cols": 64})
+    assert got == [{"rows": 3000, "cols": 64}, {"rows": 512, "cols": 64}]
+
+
+def test_summary_geomean_is_that_of_the_published_classes() -> None:
+    """The termination summary's geomeans are those of the per-class figures it publishes (rounded as published),
+    even when two records share a class."""
+    import math
+
+    from trex.kernels.backends.base import DeviceFacts
+    from trex.kernels.tune import termination_summary
+
+    def rec(bucket: str, eager: float, comp: float | None) -> dict[str, object]:
+        return {"kernel": "rmsnorm_fwd", "dtype": "fp32", "bucket": bucket, "speedup_eager": eager,
+                "speedup_compile": comp, "params": {"VEC": 8}, "trials": 3}
+    facts = get_backend("cpu-c").facts()
+    assert isinstance(facts, DeviceFacts)
+    out = termination_summary([rec("a", 2.00049, 1.5), rec("b", 0.5, None), rec("b", 8.0, 3.0)], "cpu-c", facts)
+    published = [v["speedup"] for v in out["kernels"].values()]
+    assert published == [2.0, 8.0] and out["trials"] == 9
+    assert out["geomeanSpeedup"] == pytest.approx(math.sqrt(2.0 * 8.0), abs=1e-4)
+    assert out["geomeanSpeedupCompile"] == pytest.approx(math.sqrt(1.5 * 3.0), abs=1e-4)

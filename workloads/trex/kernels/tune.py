@@ -52,12 +52,17 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 
 
 def jobs(cfg: KernelTuneConfig, backend: Backend) -> list[tuple[KernelSpec, dict[str, int], str]]:
-    """(spec, shape, dtype) triples to tune, in suite order."""
+    """(spec, shape, dtype) triples to tune, in suite order, the first shape of each shape class."""
     names = list(SUITE) if cfg.suite == "default" and not cfg.kernels else list(cfg.kernels)
     out: list[tuple[KernelSpec, dict[str, int], str]] = []
     for n in names:
         spec = SUITE[n]
-        shapes = [dict(s.dims) for s in cfg.shapes if s.kernel == n] or [dict(s) for s in spec.default_shapes]
+        listed = [dict(s.dims) for s in cfg.shapes if s.kernel == n] or [dict(s) for s in spec.default_shapes]
+        # one shape per class: the registry keeps one entry per (kernel, class, dtype), so a second is wasted trials
+        firsts: dict[str, dict[str, int]] = {}
+        for sh in listed:
+            firsts.setdefault(shape_bucket(sh), sh)
+        shapes = list(firsts.values())
         for dt in cfg.dtypes:
             if backend.supports(spec, dt):
                 out.extend((spec, sh, dt) for sh in shapes)
@@ -238,19 +243,19 @@ def termination_summary(results: Sequence[Mapping[str, Any]], backend: str, fact
     """Compact outcome for the pod's termination message."""
     import math
 
-    def geo(key: str) -> float | None:
-        sp = [float(r[key]) for r in results if r.get(key)]
-        return round(math.exp(sum(math.log(s) for s in sp) / len(sp)), 4) if sp else None
-
     def entry(r: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"speedup": round(float(r["speedup_eager"]), 3), "params": dict(r["params"])}
         if r.get("speedup_compile"):
             out["speedupCompile"] = round(float(r["speedup_compile"]), 3)
         return out
+    kernels = {f"{r['kernel']}/{r['dtype']}/{r['bucket']}": entry(r) for r in results}
+
+    def geo(key: str) -> float | None:  # over the published per-class figures, so the two always agree
+        sp = [float(v[key]) for v in kernels.values() if v.get(key)]
+        return round(math.exp(sum(math.log(s) for s in sp) / len(sp)), 4) if sp else None
     # Keys follow the operator's contract: geomeanSpeedup (over eager), geomeanSpeedupCompile (over torch.compile)
     # and kernels.<kernel/dtype/shape class>.speedup / .speedupCompile become status.results; the params
     # become the registry a TrainJob's kernelsFrom mounts.
     return {"kind": "KernelTuneJob", "backend": backend, "device": facts.name, "tuned": len(results),
-            "geomeanSpeedup": geo("speedup_eager"), "geomeanSpeedupCompile": geo("speedup_compile"),
-            "trials": sum(int(r["trials"]) for r in results),
-            "kernels": {f"{r['kernel']}/{r['dtype']}/{r['bucket']}": entry(r) for r in results}}
+            "geomeanSpeedup": geo("speedup"), "geomeanSpeedupCompile": geo("speedupCompile"),
+            "trials": sum(int(r["trials"]) for r in results), "kernels": kernels}
