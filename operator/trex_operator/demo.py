@@ -231,6 +231,11 @@ def summarise(objs: list[dict[str, Any]], expected: list[tuple[str, str]]) -> tu
             if isinstance(kern, dict):  # tuned kernels the run used (kernelsFrom), and those it refused
                 lines.append(f"  tuned kernels active: {', '.join(kern.get('active') or []) or 'none'}"
                              + (f"; refused: {', '.join(kern.get('refused') or {})}" if kern.get("refused") else ""))
+                base = kern.get("baseline")
+                if isinstance(base, dict):  # the same pod, one micro-batch, tuned then untuned
+                    lines.append(f"  tokens/s with the tuned kernels {base.get('tunedTokensPerSecond')} vs untuned "
+                                 f"{base.get('untunedTokensPerSecond')} (x{base.get('speedup')}, forward and "
+                                 "backward of one micro-batch in the same pod)")
             rl = results.get("grpo")
             if isinstance(rl, dict):
                 lines.append(f"  GRPO reward {rl.get('rewardMeanFirst')} -> {rl.get('rewardMeanLast')} over "

@@ -79,6 +79,10 @@ def test_demo_quickstart_quick(tmp_path: Path) -> None:
         "swiglu_clamp_fwd/fp32/cols32-rows8192"]
     active = results["quickstart-train"]["kernels"]
     assert sorted(active["active"]) == sorted(kernels["kernels"]) and not active["refused"], active
+    # ... and timed one micro-batch tuned and untuned side by side in its pod, shown in the summary.
+    base = active["baseline"]
+    assert base["tokens"] > 0 and base["tunedTokensPerSecond"] > 0 and base["untunedTokensPerSecond"] > 0, base
+    assert f"tokens/s with the tuned kernels {base['tunedTokensPerSecond']} vs untuned" in out
     speedups = [k["speedup"] for k in kernels["kernels"].values()]
     assert kernels["geomeanSpeedup"] == pytest.approx(math.prod(speedups) ** (1 / len(speedups)), abs=1e-3)
 

@@ -308,3 +308,43 @@ def test_registry_shape_classes_match_the_trainers_real_calls(tmp_path: Path, at
         assert {shape_bucket({"rows": tokens, "cols": c}) for c in (32, 24)} <= classes("rmsnorm_fwd", seen)
         assert any(int(b.split("rows")[1]) < tokens for b in classes("rmsnorm_fwd", seen))
         assert not classes("rope_fwd", seen | derived)  # V4's interleaved RoPE stays eager
+
+
+def test_untuned_baseline_runs_the_eager_path_beside_the_tuned_one(tmp_path: Path, backend: CpuCBackend) -> None:
+    """The tokens/s baseline: inside ``untuned()`` a forward launches no tuned kernel and equals a run without a
+    registry bit for bit; the timing alternates tuned and untuned legs, leaves the coverage counts as the run made
+    them, and the trainer's baseline clears the gradients it made."""
+    base_cfg = _cfg(tmp_path / "eager", None, dense=True)
+    eager = Trainer(base_cfg, tmp_path / "eager", measure_peak=False, log=lambda _m: None)
+    ids = torch.randint(0, base_cfg.model.args.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(32).expand(2, 32)
+    docs = torch.zeros(2, 32, dtype=torch.long)
+    with torch.no_grad():
+        want = eager.model(ids, pos, docs).logits
+    cfg = _cfg(tmp_path / "tuned", _registry(tmp_path, base_cfg, backend), dense=True)
+    tr = Trainer(cfg, tmp_path / "tuned", measure_peak=False, log=lambda _m: None)
+    try:
+        with torch.no_grad():
+            launches = sum(tk.STATE.calls.values())
+            with tk.untuned():
+                got = tr.model(ids, pos, docs).logits
+                assert not layers.TUNED
+            assert sum(tk.STATE.calls.values()) == launches and layers.TUNED
+            assert torch.equal(got, want)
+            tuned = tr.model(ids, pos, docs).logits
+            assert sum(tk.STATE.calls.values()) > launches and not torch.equal(tuned, want)
+
+        legs: list[bool] = []
+        counts = (sum(tk.STATE.calls.values()), sum(tk.STATE.called.values()))
+        out = tk.tuned_vs_untuned(lambda: legs.append(bool(layers.TUNED)), tokens=64, repeats=3)
+        assert legs == [True, False] * 4
+        assert (sum(tk.STATE.calls.values()), sum(tk.STATE.called.values())) == counts
+        assert out["tokens"] == 64 and out["speedup"] == pytest.approx(
+            out["tunedTokensPerSecond"] / out["untunedTokensPerSecond"], rel=1e-2)
+
+        base = tr.kernel_baseline()
+        assert base is not None and base["tokens"] == 2 * 32
+        assert all(p.grad is None for p in tr.model.parameters())
+        assert eager.kernel_baseline() is None  # no kernel active: nothing to compare
+    finally:
+        tk.install(None, {}, 1, [1], "cpu", lambda _m: None)

@@ -142,6 +142,13 @@ def _result(trainer: Trainer, result: TrainResult, seconds: float) -> dict[str, 
         out["kernels"] = trainer.kernels.summary()
         if trainer.rank == 0:
             trainer.log(trainer.kernels.coverage_line())
+        baseline = None if result.interrupted else trainer.kernel_baseline()
+        if baseline is not None:
+            out["kernels"]["baseline"] = baseline
+            if trainer.rank == 0:
+                trainer.log(f"kernels: {baseline['tunedTokensPerSecond']} tokens/s tuned vs "
+                            f"{baseline['untunedTokensPerSecond']} untuned (x{baseline['speedup']}) on one "
+                            f"micro-batch's forward and backward, timed side by side in this process")
         if trainer.telemetry is not None:  # the called classes are known now
             trainer.kernels.export(trainer.telemetry.exporter, trainer.job)
     if trainer.telemetry is not None:

@@ -20,11 +20,14 @@ interleaved RoPE and the fused cross-entropy stay eager. On CPU every kernel run
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
+import statistics
+import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -632,6 +635,39 @@ def training_params(params: Mapping[str, int], device: str) -> dict[str, int]:
     if device == "cpu" and "THREADS" in out:
         out["THREADS"] = 1
     return out
+
+
+@contextlib.contextmanager
+def untuned() -> Iterator[None]:
+    """Every dispatched op on its eager path while inside: the untuned baseline a tuned run is timed against."""
+    saved = dict(layers.TUNED)
+    layers.TUNED.clear()
+    try:
+        yield
+    finally:
+        layers.TUNED.update(saved)
+
+
+def tuned_vs_untuned(step: Callable[[], None], tokens: int, repeats: int = 3) -> dict[str, float]:
+    """Tokens/s of ``step`` (one forward and backward of ``tokens`` tokens) with the accepted kernels and on the
+    eager path, interleaved after one warm-up of each, median of ``repeats`` each; the coverage's call counts are
+    left as the run made them."""
+    called, calls = Counter(STATE.called), Counter(STATE.calls)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for i in range(repeats + 1):
+            for tuned in (True, False):
+                with contextlib.nullcontext() if tuned else untuned():
+                    t0 = time.perf_counter()
+                    step()
+                    dt = time.perf_counter() - t0
+                if i:
+                    times[tuned].append(dt)
+    finally:
+        STATE.called, STATE.calls = called, calls
+    tuned_s, eager_s = statistics.median(times[True]), statistics.median(times[False])
+    return {"tokens": tokens, "tunedTokensPerSecond": round(tokens / tuned_s, 1),
+            "untunedTokensPerSecond": round(tokens / eager_s, 1), "speedup": round(eager_s / tuned_s, 3)}
 
 
 def install(registry: str | Path | None, values: Mapping[str, Any], micro_batch: int, seq_lens: list[int],

@@ -39,8 +39,8 @@ from trex.trainer import mfu as mfu_mod
 from trex.trainer.build import build_checkpointer, build_layout, build_model_and_optimizers, ns_dtype
 from trex.trainer.config import TrainerConfig, resolved_model_values
 from trex.trainer.hf import load_hf_into, load_hf_sharded
-from trex.trainer.kernels import install_for
-from trex.trainer.model import update_expert_bias
+from trex.trainer.kernels import install_for, tuned_vs_untuned
+from trex.trainer.model import compute_loss, update_expert_bias
 from trex.trainer.modes import build_objective
 from trex.trainer.objective import RunContext, Series, load_cv
 from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, schedule_factor
@@ -418,6 +418,29 @@ class Trainer:
         self.objective.close()
         return TrainResult(self.step, last_loss, last_mfu, self.last_checkpoint, self.skipped, self.spikes,
                            interrupted, history)
+
+    def kernel_baseline(self) -> dict[str, float] | None:
+        """Tokens/s of one micro-batch's forward and backward (seeded random tokens at the run's sequence length)
+        with the run's tuned kernels and with none, timed side by side in this process; None when no kernel is
+        active. Gradients are cleared afterwards: it runs after the last step, outside training."""
+        if not self.kernels.active:
+            return None
+        cfg = self.cfg
+        mb, seq = cfg.data.micro_batch_size, cfg.data.seq_len
+        gen = torch.Generator().manual_seed(cfg.seed)
+        ids = torch.randint(0, cfg.model.args.vocab_size, (mb, seq + 1), generator=gen).to(self.context.device)
+        pos = torch.arange(seq, device=self.context.device).expand(mb, seq)
+        docs = torch.zeros(mb, seq, dtype=torch.long, device=self.context.device)
+
+        def step() -> None:
+            with self.context.autocast():
+                out = self.model(ids[:, :-1], pos, docs, logits=False)
+                loss, _ = compute_loss(out, ids[:, 1:], None, cfg.routing, self.step)
+            torch.autograd.backward(loss)
+        try:
+            return tuned_vs_untuned(step, mb * seq)
+        finally:
+            self.model.zero_grad(set_to_none=True)
 
     def _fpt(self, seq_len: int) -> float:
         """FLOPs per token at ``seq_len`` (the curriculum's shorter sequences)."""
