@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trex.trainer.mfu import DEVICES
+
+if TYPE_CHECKING:
+    from trex.trainer.plan import Quant
 
 Loaded = tuple[Any, int, Any, int | None, int | None, bool | None]
 """(trainer config, world, device, capacity in bytes or None, host bytes per rank or None, starts from a Hugging
@@ -73,7 +76,7 @@ def _load(args: argparse.Namespace,
     return (cfg, world, device, capacity, host, load), problems
 
 
-def source_quant(cfg: Any) -> str | None:
+def source_quant(cfg: Any) -> Quant | None:
     """How checkpoint.initFromHf's folder is stored when it is here (its config.json's quantization_config, as the
     export and DeepSeek's releases write it), else None."""
     import json
