@@ -532,11 +532,12 @@ class LifecyclePlan:
 
 def _stored_kind(p: ParamInfo, quant: Quant) -> str | None:
     """How the HF export (and DeepSeek's release) stores parameter ``p`` under ``quant``: 'fp8', 'fp4' or None
-    (full precision). The export's own rule (trex.trainer.quant_io.quant_kind) on the model's names; the routed
-    expert stacks are FP4 under fp8-fp4, and MTP's e_proj / h_proj are stored as one full-precision eh_proj."""
+    (full precision). The export's own rule (trex.trainer.quant_io.quant_kind) on the model's names (V4's: a
+    DeepSeek-V3 shape's MTP eh_proj, stored whole in full precision, is planned as FP8); the routed expert stacks
+    are FP4 under fp8-fp4."""
     from trex.trainer.quant_io import quant_kind
 
-    if quant == "none" or (p.name.endswith(("e_proj.weight", "h_proj.weight")) and p.name.startswith("mtp.")):
+    if quant == "none":
         return None
     if p.placement == "experts":
         return "fp4" if quant == "fp8-fp4" else "fp8"
@@ -587,9 +588,30 @@ def load_read_bytes(params: Iterable[ParamInfo], lay: Layout, source: Quant, ele
     return sum(stored_bytes(_read_box(p, lay, k), k, elem) for p in params for k in [_stored_kind(p, source)])
 
 
-def export_bytes(params: Iterable[ParamInfo], quant: Quant, elem: int) -> int:
-    """Bytes of the whole HF export's tensors under ``quant`` (``elem``: bytes of the model dtype)."""
-    return sum(stored_bytes(p.shape, _stored_kind(p, quant), elem) for p in params)
+def export_outputs(params: Iterable[ParamInfo], quant: Quant, elem: int) -> list[int]:
+    """Bytes of each output tensor of the HF export under ``quant`` (``elem``: bytes of the model dtype): one per
+    parameter, one per expert of a routed expert stack."""
+    out: list[int] = []
+    for p in params:
+        kind = _stored_kind(p, quant)
+        if p.placement == "experts":
+            out += [stored_bytes(p.shape[1:], kind, elem)] * p.shape[0]
+        else:
+            out.append(stored_bytes(p.shape, kind, elem))
+    return out
+
+
+def export_rank_bytes(sizes: Iterable[int], world: int) -> int:
+    """Bytes the most loaded rank writes when every output goes to the least loaded of the ranks that hold equal
+    parts of it, largest first (trex.trainer.hf_export.plan_outputs' owner rule when FSDP splits every tensor
+    evenly; tp and ep splits hand outputs to their holders, which spreads them the same way)."""
+    import heapq
+
+    ranks = [(0, r) for r in range(world)]
+    for n in sorted(sizes, reverse=True):
+        load, r = heapq.heappop(ranks)
+        heapq.heappush(ranks, (load + n, r))
+    return max(load for load, _ in ranks)
 
 
 def lifecycle_phases(params: tuple[ParamInfo, ...], lay: Layout, mem: MemoryPlan, *, mode: str, model_dtype: str,
@@ -605,9 +627,9 @@ def lifecycle_phases(params: tuple[ParamInfo, ...], lay: Layout, mem: MemoryPlan
     * checkpoint (DCP save): writes its shards of parameters and optimizer states plus extra-<rank>.pt, stages
       one tensor at a time on the host, then reads them back once to hash them;
     * resume: reads its shards and verifies them (a second read, widened to 16 MiB hashing blocks);
-    * export (distributed HF export): writes the outputs it owns (1/world of the export under
-      checkpoint.exportQuant, plus at most the largest output for balance), one 64 MiB chunk and its
-      quantised form at a time;
+    * export (distributed HF export): writes the outputs it owns (the export under checkpoint.exportQuant
+      balanced over the ranks by bytes, :func:`export_rank_bytes`), one 64 MiB chunk and its quantised form at a
+      time;
     * rollout: the in-process decoding replica (grpo, opd) lives on the device (the device plan); none for the
       other modes.
 
@@ -640,9 +662,8 @@ def lifecycle_phases(params: tuple[ParamInfo, ...], lay: Layout, mem: MemoryPlan
     out.append(PhasePlan("resume", resident + staging, 2 * shards + 4 * HASH_BLOCK_BYTES, 0,
                          "its DCP shards, and again to verify them (16 MiB hashing blocks)"))
     if export:
-        total = export_bytes(params, export_quant, elem)
-        largest = max((stored_bytes(p.shape, _stored_kind(p, export_quant), elem) for p in params), default=0)
-        written = min(total, _ceil(total, lay.world) + (largest if lay.world > 1 else 0))
+        sizes = export_outputs(params, export_quant, elem)
+        total, written = sum(sizes), export_rank_bytes(sizes, lay.world)
         out.append(PhasePlan("export", resident + 2 * EXPORT_CHUNK_BYTES, 0, written,
                              f"its outputs of the {gib(total)} export (exportQuant {export_quant}); one 64 MiB chunk"))
     if mode in ("grpo", "opd"):
