@@ -155,3 +155,47 @@ def test_train_run_reports_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert phases["load"]["readBytes"] >= sliced > 0  # plain reads, counted by rchar, plus the headers
     assert phases["checkpoint"]["writtenBytes"] > 0 and phases["export"]["writtenBytes"] > 0
     assert all(p["hostPeakBytes"] > 0 and p["seconds"] >= 0 for p in phases.values())
+
+
+class _Allocator:
+    """A device allocator's counters (torch.cuda's API): 100 bytes held, a 250-byte peak inside each phase."""
+
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def reset_peak_memory_stats(self) -> None:
+        self.resets += 1
+
+    def memory_allocated(self) -> int:
+        return 100
+
+    def max_memory_allocated(self) -> int:
+        return 350
+
+
+def test_phase_meter_counts_io_peaks_and_device_transients(tmp_path: Path) -> None:
+    from trex.trainer.phases import PhaseMeter
+
+    acc = _Allocator()
+    meter = PhaseMeter(acc)
+    blob = tmp_path / "blob"
+    for _ in range(2):
+        with meter.measure("checkpoint"):
+            blob.write_bytes(b"x" * 300_000)
+            assert len(blob.read_bytes()) == 300_000
+    with meter.measure("load"):
+        grown = bytearray(64 * MiB)  # the host peak sees it
+        del grown
+    out = meter.summary()
+    assert list(out) == ["load", "checkpoint"] and acc.resets == 3
+    assert out["checkpoint"]["writtenBytes"] >= 600_000 and out["checkpoint"]["readBytes"] >= 600_000
+    assert out["load"]["hostPeakBytes"] >= 64 * MiB and out["load"]["writtenBytes"] < 300_000
+    assert out["checkpoint"]["deviceTransientBytes"] == 250
+    assert "deviceTransientBytes" not in PhaseMeter().fields
+
+
+def test_results_keep_the_phases() -> None:
+    from trex_operator.kinds import results_of
+
+    phases = {"load": {"hostPeakBytes": 1, "readBytes": 2, "writtenBytes": 0, "seconds": 0.5}}
+    assert results_of({"loss": 1.0, "phases": phases}).model_dump(by_alias=True, exclude_none=True)["phases"] == phases

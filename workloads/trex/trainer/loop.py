@@ -207,7 +207,7 @@ class Trainer:
         self.tokens_seen = 0
         self.last_checkpoint: int | None = None
         self._stop = False
-        self.phases = PhaseMeter()
+        self.phases = PhaseMeter(getattr(torch, self.device.kind) if self.device.kind in ("cuda", "npu") else None)
         """Host peak, bytes read and written and seconds per phase (the termination summary's ``phases``)."""
         self.telemetry = self._telemetry(out, metrics_port, measure_peak) if self.rank == 0 else None
         self.kernels = install_for(cfg, self.device.kind, self.log)
