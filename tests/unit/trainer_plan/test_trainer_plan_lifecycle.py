@@ -155,6 +155,14 @@ def test_train_run_reports_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert phases["load"]["readBytes"] >= sliced > 0  # plain reads, counted by rchar, plus the headers
     assert phases["checkpoint"]["writtenBytes"] > 0 and phases["export"]["writtenBytes"] > 0
     assert all(p["hostPeakBytes"] > 0 and p["seconds"] >= 0 for p in phases.values())
+    # the same run continued: it resumes from its checkpoint (read back and verified) instead of loading
+    trainer["maxSteps"] = 3
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump({"trainer": trainer}))
+    assert main(["--config", str(tmp_path / "train.yaml"), "--out", str(tmp_path / "run")]) == 0
+    phases = json.loads((tmp_path / "termination-log").read_text())["phases"]
+    assert sorted(phases) == ["checkpoint", "export", "resume", "step"]
+    ckpt = sum(f.stat().st_size for f in (tmp_path / "run" / "ckpt" / "step-00000002").rglob("*") if f.is_file())
+    assert phases["resume"]["readBytes"] >= ckpt // 2 > 0
 
 
 class _Allocator:
