@@ -532,9 +532,9 @@ class LifecyclePlan:
 
 def _stored_kind(p: ParamInfo, quant: Quant) -> str | None:
     """How the HF export (and DeepSeek's release) stores parameter ``p`` under ``quant``: 'fp8', 'fp4' or None
-    (full precision). The export's own rule (trex.trainer.quant_io.quant_kind) on the model's names (V4's: a
-    DeepSeek-V3 shape's MTP eh_proj, stored whole in full precision, is planned as FP8); the routed expert stacks
-    are FP4 under fp8-fp4."""
+    (full precision). The export's own rule (trex.trainer.quant_io.quant_kind) on the model's names, which are
+    V4's: a DeepSeek-V3 shape stores its MTP e_proj / h_proj as one full-precision eh_proj, planned here as FP8
+    (2 x D x D elements per MTP module off). The routed expert stacks are FP4 under fp8-fp4."""
     from trex.trainer.quant_io import quant_kind
 
     if quant == "none":
@@ -579,13 +579,6 @@ def _read_box(p: ParamInfo, lay: Layout, kind: str | None) -> tuple[int, ...]:
     for d, blk in zip((len(box) - 2, len(box) - 1), blocks, strict=True):
         box[d] = _widened(p.shape[d], box[d], blk)
     return tuple(box)
-
-
-def load_read_bytes(params: Iterable[ParamInfo], lay: Layout, source: Quant, elem: int) -> int:
-    """Bytes the sliced HF load (trex.trainer.hfio) reads on the most loaded rank from a folder stored as
-    ``source`` (``elem`` bytes per full-precision value): each local box, widened to scale blocks, with its scales.
-    Buffers (hash-routing tables) are left out (a few KiB)."""
-    return sum(stored_bytes(_read_box(p, lay, k), k, elem) for p in params for k in [_stored_kind(p, source)])
 
 
 def export_outputs(params: Iterable[ParamInfo], quant: Quant, elem: int) -> list[int]:
@@ -686,8 +679,9 @@ def plan_lifecycle(cfg: TrainerConfig, world: int, mem: MemoryPlan, host_capacit
     seq = max([cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)])
     per_rank = _ceil(cfg.data.global_batch_size, lay.dp) * (seq + 1)
     token_bytes = (2 if int(values["vocab_size"]) <= 1 << 16 else 4) + (cfg.mode == "sft")  # sft: the loss mask
+    starts = cfg.checkpoint.init_from_hf is not None if load is None else load
     phases = lifecycle_phases(
         c.params, lay, mem, mode=cfg.mode, model_dtype=cfg.model.dtype, export_quant=cfg.checkpoint.export_quant,
-        source=source, load=cfg.checkpoint.init_from_hf is not None if load is None else load, export=cfg.checkpoint.export_hf,
-        tokens_per_step=per_rank, token_bytes=token_bytes)
+        source=source, load=starts, export=cfg.checkpoint.export_hf, tokens_per_step=per_rank,
+        token_bytes=token_bytes)
     return LifecyclePlan(phases, host_capacity)
