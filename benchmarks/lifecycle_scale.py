@@ -10,7 +10,9 @@ the measured model exists: torch, gloo, the imports), and seconds. Bytes read of
 slice reader's count where the code has one (trex.trainer.hfio), else the folder's size (a whole-folder load reads
 every file); hashed bytes are the checkpointer's count where it keeps one, else those passed to its sha256_file;
 checkpoint bytes come from /proc/self/io (rchar / wchar: read and write system calls). Layouts: 1 = one
-process, no mesh; 2 = dp2; 4 = dp2 x ep2 (the dense view dp4, experts over ep2).
+process, no mesh; 2 = dp2; 4 = dp2 x ep2 (the dense view dp4, experts over ep2). Last, the lifecycle plan
+(trex.trainer.plan.plan_lifecycle) of the flagship example (V4-Flash, 512 ranks, release-layout FP8/FP4 start,
+fp8-fp4 export) per rank: what these phases extrapolate to.
 """
 
 from __future__ import annotations
@@ -186,6 +188,27 @@ def main() -> None:
             b = max(r[phase][key] for r in base) or 1
             fr = "  ".join(f"w{w}={max(r[phase][key] for r in rs) / b:.2f}" for w, rs in results.items())
             print(f"  {phase:<7}{key:<7} {fr}")
+    _flagship_plan()
+
+
+def _flagship_plan() -> None:
+    """The flagship example's lifecycle plan per rank, started from a release-layout folder."""
+    import yaml
+    from trex.config_base import load_section
+    from trex.trainer.config import TrainerConfig
+    from trex.trainer.mfu import DEVICES
+    from trex.trainer.plan import gib, plan_lifecycle, plan_memory
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "trainjob-v4-flash-npu.yaml"
+    spec = yaml.safe_load(path.read_text())["spec"]
+    cfg = load_section(TrainerConfig, spec["trainer"])
+    world = spec["replicas"] * spec["devicesPerReplica"]
+    mem = plan_memory(cfg, world, DEVICES[spec["deviceModel"]])
+    life = plan_lifecycle(cfg, world, mem, 1400 * 2**30 // spec["devicesPerReplica"], source="fp8-fp4", load=True)
+    print(f"\nplanned per rank, {path.name} ({world} ranks, loaded from an FP8/FP4 release folder):")
+    for p in life.phases:
+        print(f"  {p.name:<11}host {gib(p.host_bytes):>10}  read {gib(p.read_bytes):>10}  "
+              f"written {gib(p.written_bytes):>10}")
 
 
 if __name__ == "__main__":

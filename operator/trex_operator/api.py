@@ -287,6 +287,16 @@ class TrainJobSpec(CommonSpec):
         except ValueError as e:
             raise ValueError(f"resources.{section}.memory: {e}") from None
 
+    def host_capacity(self) -> int | None:
+        """Host bytes one trainer process may use: resources.limits.memory / devicesPerReplica (None: no limit)."""
+        value = self.resources.limits.get("memory")
+        if value is None:
+            return None
+        try:
+            return memory_bytes(value) // self.devices_per_replica
+        except ValueError as e:
+            raise ValueError(f"resources.limits.memory: {e}") from None
+
     @model_validator(mode="after")
     def _fits(self, info: ValidationInfo) -> TrainJobSpec:
         if self.device_model is not None and DEVICES[self.device_model].device_type != self.device_type:
@@ -307,9 +317,11 @@ class TrainJobSpec(CommonSpec):
         if not (isinstance(info.context, dict) and info.context.get("rules") is False):
             capacity = self.device_capacity()
             problems = job_problems(self.trainer, self.replicas * self.devices_per_replica,
-                                    self.device() if capacity is not None else None, capacity)
-            if problems:
-                raise ValueError("\n".join(f"trainer.{path}: {msg}" for path, msg in problems))
+                                    self.device() if capacity is not None else None, capacity,
+                                    host_capacity=self.host_capacity(), load=self.model_from is not None or None)
+            if problems:  # resources.limits.memory (the host rule) is the job's own field, the rest the trainer's
+                raise ValueError("\n".join(f"{'' if path.startswith('resources.') else 'trainer.'}{path}: {msg}"
+                                            for path, msg in problems))
         if self.data_from is not None and self.trainer.data.train is not None:
             raise ValueError("dataFrom: set either dataFrom or trainer.data.train, not both")
         return self

@@ -11,7 +11,9 @@ line per problem:
   ORDataJob, under its ``modelFrom`` TrainJob's tokenizer when that job is in the graph (no response could
   earn the objective reward).
 
-Lengths come from :func:`trex.ordata.budgets.estimate_lengths` under the TrainJob's tokenizer settings.
+Lengths come from :func:`trex.ordata.budgets.estimate_lengths` under the TrainJob's tokenizer settings; a
+tokenizer file that is not readable where `trex validate` runs (on a volume only the job mounts) leaves the
+budget unchecked.
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ def _obj(c: Checked) -> str:
 
 
 def _lengths(ordata: Any, trainer: Any) -> Any:
+    """The ORData config's estimated lengths under ``trainer``'s tokenizer; None when that tokenizer is a file not
+    readable here (on a volume only the job mounts, e.g. a released model's tokenizer.json): not estimated."""
+    from pathlib import Path
+
     from trex.ordata.budgets import estimate_lengths
 
+    if trainer.data.tokenizer.path is not None and not Path(trainer.data.tokenizer.path).is_file():
+        return None
     vocab = min(trainer.data.tokenizer.vocab_size, trainer.model.args.vocab_size)
     return estimate_lengths(ordata, vocab, trainer.data.tokenizer.path)
 
@@ -50,7 +58,10 @@ def budget_problems(checked: Sequence[Checked]) -> list[Problem]:
             src = jobs.get(("ORDataJob", ns, spec.data_from.name))
             if src is None or "sft" not in src.model.spec.ordata.outputs:  # type: ignore[union-attr]
                 continue
-            median = _lengths(src.model.spec.ordata, spec.trainer).sample_median()  # type: ignore[union-attr]
+            lengths = _lengths(src.model.spec.ordata, spec.trainer)  # type: ignore[union-attr]
+            if lengths is None:
+                continue
+            median = lengths.sample_median()
             positions = spec.trainer.model.args.max_seq_len
             where = f"ORDataJob/{spec.data_from.name}'s SFT samples have a median of {median} tokens (estimated)"
             if median > positions:
@@ -65,7 +76,10 @@ def budget_problems(checked: Sequence[Checked]) -> list[Problem]:
                 continue
             base = jobs.get(("TrainJob", ns, spec.model_from.name)) if spec.model_from is not None else None
             tok_from: Any = base.model.spec if base is not None and base.model is not None else spec
-            p95 = _lengths(src.model.spec.ordata, tok_from.trainer).answer_p95()  # type: ignore[union-attr]
+            lengths = _lengths(src.model.spec.ordata, tok_from.trainer)  # type: ignore[union-attr]
+            if lengths is None:
+                continue
+            p95 = lengths.answer_p95()
             budget = spec.trainer.grpo.max_new_tokens
             if budget < p95:
                 who = f"TrainJob/{spec.model_from.name}'s" if base is not None else "its"
@@ -80,7 +94,10 @@ def budget_problems(checked: Sequence[Checked]) -> list[Problem]:
             benches = [b for b in spec.evaluation.benchmarks if "ordata" in (b.format, b.name)]
             if src is None or not benches or src.model.spec.ordata.heldout_fraction <= 0:  # type: ignore[union-attr]
                 continue
-            p95 = _lengths(src.model.spec.ordata, tspec.trainer).answer_p95()  # type: ignore[union-attr]
+            lengths = _lengths(src.model.spec.ordata, tspec.trainer)  # type: ignore[union-attr]
+            if lengths is None:
+                continue
+            p95 = lengths.answer_p95()
             budget = spec.evaluation.model.sampling.max_tokens
             if budget < p95:
                 out.append(Problem(c.file, _obj(c), "spec.evaluation.model.sampling.maxTokens",

@@ -15,7 +15,8 @@ from trex.trainer.plan_cli import main as plan_main
 
 
 def read_trainjob(doc: dict[str, Any], args: argparse.Namespace) -> Loaded:
-    """(trainer config, world, device, capacity) of a TrainJob manifest; ValueError with one line when invalid."""
+    """(trainer config, world, device, capacity, host bytes per rank, starts from an HF folder) of a TrainJob
+    manifest; ValueError with one line when invalid."""
     from pydantic import ValidationError
     from trex.config_base import format_validation_error
     from trex.trainer.mfu import DEVICES
@@ -31,7 +32,7 @@ def read_trainjob(doc: dict[str, Any], args: argparse.Namespace) -> Loaded:
             else device.memory_bytes
     except ValidationError as e:
         raise ValueError(format_validation_error(e, model=TrainJob)[0]) from None
-    return spec.trainer, world, device, capacity
+    return spec.trainer, world, device, capacity, spec.host_capacity(), spec.model_from is not None or None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("trex_operator.cli", "Run the operator (`trex operator run`)."),
     "train": ("trex.trainer.cli", "Train a model from a TrainerConfig YAML on the local device."),
     "data": ("trex.trainer.data.cli", "Prepare training data once: `trex data prepare --config FILE`."),
-    "plan": ("trex_operator.plan_cli", "Per-device memory plan of a TrainJob or trainer config, and whether it fits."),
+    "plan": ("trex_operator.plan_cli", "Memory plan of a TrainJob or trainer config: device, and host and disk per phase."),
     "mfu": ("trex.trainer.mfu_cli", "Parameters, FLOPs per token and MFU for a preset."),
     "kernels": ("trex_operator.kernel_shapes", "AuraKernel: tune kernels (`tune`) and report (`report`)."),
     "ordata": ("trex.ordata.cli", "OR data pipeline: `generate`, `merge`, `show`."),

@@ -155,6 +155,7 @@ INVALID_EXPECT = {
     "16-out-of-memory.yaml": ("spec.trainer.parallelism", "per device; Ascend 910B has 64 GiB: raise ep"),
     "17-kernel-dtype-missing.yaml": ("spec.kernels.dtypes", "npu-ascendc has no bf16 template for any kernel"),
     "17-think-max-without-prompt.yaml": ("spec.evaluation.thinkMaxPrompt", "required when reasoningMode is think-max"),
+    "18-host-memory.yaml": ("spec.resources.limits.memory", "phase export needs 4.88 GiB of host memory per rank"),
 }
 
 

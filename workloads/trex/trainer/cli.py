@@ -120,9 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     summary.update(_result(trainer, result, time.time() - start))
     if not result.interrupted and cfg.checkpoint.export_hf:
-        exported = _export(trainer)
+        with trainer.phases.measure("export"):
+            exported = _export(trainer)
         if trainer.rank == 0:
             summary["hfExport"] = exported
+    summary["phases"] = trainer.phases.summary(group)  # the maximum over ranks: a collective
     _leave(group, done=True)
     write_termination_summary(summary)
     print(_last_line(trainer, result, summary), file=sys.stderr)

@@ -47,6 +47,7 @@ from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, 
 from trex.trainer.optim.swap import SwapStats
 from trex.trainer.parallel.grads import clip_grads
 from trex.trainer.parallel.mesh import ParallelDims, dense_coordinates
+from trex.trainer.phases import PhaseMeter
 from trex.trainer.rules import ConfigProblem, job_problems
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
 
@@ -206,6 +207,8 @@ class Trainer:
         self.tokens_seen = 0
         self.last_checkpoint: int | None = None
         self._stop = False
+        self.phases = PhaseMeter(getattr(torch, self.device.kind) if self.device.kind in ("cuda", "npu") else None)
+        """Host peak, bytes read and written and seconds per phase (the termination summary's ``phases``)."""
         self.telemetry = self._telemetry(out, metrics_port, measure_peak) if self.rank == 0 else None
         self.kernels = install_for(cfg, self.device.kind, self.log)
         if self.telemetry is not None:
@@ -267,8 +270,9 @@ class Trainer:
 
     def save(self) -> None:
         """Checkpoint the current step."""
-        self.ckpt.save(self.step, self.model, self.opts.all(), self.extra_state(),
-                       before_commit=self._exporter())
+        with self.phases.measure("checkpoint"):
+            self.ckpt.save(self.step, self.model, self.opts.all(), self.extra_state(),
+                           before_commit=self._exporter())
         self.last_checkpoint = self.step
         if self.telemetry is not None:
             e = self.telemetry.exporter
@@ -281,7 +285,10 @@ class Trainer:
             self.model, self.opts = self._fresh()
             return self.model, self.opts.all()
 
-        loaded, _, _ = self.ckpt.load_latest(self.model, self.opts.all(), rebuild=rebuild)
+        with self.phases.measure("resume"):
+            loaded, _, _ = self.ckpt.load_latest(self.model, self.opts.all(), rebuild=rebuild)
+        if loaded is None:
+            self.phases.phases.pop("resume", None)  # nothing to resume: not a phase of this run
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.anticipatory = self._anticipatory()
         if loaded is None:
@@ -364,11 +371,12 @@ class Trainer:
         if cfg.checkpoint.resume and self.resume():
             return
         if cfg.checkpoint.init_from_hf:
-            if self.meshes is None:
-                load_hf_into(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
-            else:  # every rank reads the folder and keeps its own shards
-                load_hf_sharded(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
-            self.opts.restored()  # swap: masters loaded in host memory, cast their bf16 copies
+            with self.phases.measure("load"):
+                if self.meshes is None:
+                    load_hf_into(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
+                else:  # every rank reads the boxes of its own shards
+                    load_hf_sharded(self.model, cfg.checkpoint.init_from_hf)  # type: ignore[arg-type]
+                self.opts.restored()  # swap: masters loaded in host memory, cast their bf16 copies
             self.log(f"initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
 
     def request_stop(self, *_: Any) -> None:
@@ -394,7 +402,8 @@ class Trainer:
         last_loss: float | None = None
         since_log = 0
         while self.step < total and not self._stop_agreed():
-            rec = self.train_step()
+            with self.phases.measure("step"):
+                rec = self.train_step()
             history.append(rec)
             if not rec.skipped:
                 last_loss = rec.loss

@@ -469,3 +469,219 @@ def measured_state_bytes(model: nn.Module, optimizers: Optimizers) -> dict[str, 
         "muon_state": state(optimizers.muon),
         "adamw_state": state(optimizers.adamw),
     }
+
+
+# --- lifecycle plan: host memory and disk bytes per rank, phase by phase ----------------------------------------
+# The phases around the step (start and load, checkpoint save, resume, export, rollout) and the step's host side,
+# from the census's local shard shapes alone (no torch work beyond the census). Constants are this trainer's own
+# buffers; figures the code does not bound (allocator slack) come from benchmarks/lifecycle_scale.py.
+
+RUNTIME_HOST_BYTES = 512 * 2**20
+"""Host bytes a trainer process holds before any phase (torch, the process group, the imports): measured about
+400 MiB per rank on CPU gloo runs (benchmarks/lifecycle_scale.py's ``runtime``), rounded up. Device runtimes (CANN,
+CUDA) add their own host memory, which is not planned."""
+SLICE_BYTES_PER_ELEMENT = 16
+"""Host bytes per element of the largest box the sliced HF load holds at once: the stored slice, its fp32
+dequantised value and the dequantiser's fp32 temporaries (measured 73 MiB over the model for a 4.2 Mi-element
+largest tensor at world 1, 38 MiB at world 2: benchmarks/lifecycle_scale.py)."""
+EXPORT_CHUNK_BYTES = 64 * 2**20
+"""The distributed HF export's chunk (trex.trainer.hf_export.save_hf_distributed's chunk_bytes)."""
+HASH_BLOCK_BYTES = 16 * 2**20
+"""The checkpoint's hashing block (trex.trainer.checkpoint.BLOCK)."""
+CHECKPOINT_EXTRA_BYTES = 2**20
+"""extra-<rank>.pt (data position, RNG, routing state), .metadata and the manifest: under 1 MiB per rank for the
+models measured (0.5 MiB at world 1)."""
+_FP8_BLOCK, _FP4_BLOCK = 128, 32
+Quant = Literal["none", "fp8", "fp8-fp4"]
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """One phase of a run on its most loaded rank."""
+
+    name: str
+    """load, step, checkpoint, resume, export or rollout."""
+    host_bytes: int
+    """Peak host memory of the rank in this phase (the runtime constant included)."""
+    read_bytes: int
+    """Bytes the rank reads from disk in the phase (per step for ``step``)."""
+    written_bytes: int
+    """Bytes the rank writes to disk in the phase."""
+    note: str
+    """What the figures count."""
+
+
+@dataclass(frozen=True)
+class LifecyclePlan:
+    """Every phase of a run, per rank, and the host memory one rank may use."""
+
+    phases: tuple[PhasePlan, ...]
+    host_capacity: int | None
+    """Host bytes per rank (the pod's resources.limits.memory / ranks per pod; None: not checked)."""
+
+    @property
+    def peak(self) -> PhasePlan:
+        """The phase with the largest host memory."""
+        return max(self.phases, key=lambda p: p.host_bytes)
+
+    @property
+    def fits(self) -> bool | None:
+        """Every phase's host memory within host_capacity (None when it is unknown)."""
+        return None if self.host_capacity is None else self.peak.host_bytes <= self.host_capacity
+
+
+def _stored_kind(p: ParamInfo, quant: Quant) -> str | None:
+    """How the HF export (and DeepSeek's release) stores parameter ``p`` under ``quant``: 'fp8', 'fp4' or None
+    (full precision). The export's own rule (trex.trainer.quant_io.quant_kind) on the model's names, which are
+    V4's: a DeepSeek-V3 shape stores its MTP e_proj / h_proj as one full-precision eh_proj, planned here as FP8
+    (2 x D x D elements per MTP module off). The routed expert stacks are FP4 under fp8-fp4."""
+    from trex.trainer.quant_io import quant_kind
+
+    if quant == "none":
+        return None
+    if p.placement == "experts":
+        return "fp4" if quant == "fp8-fp4" else "fp8"
+    return quant_kind(p.name, len(p.shape), True, False)
+
+
+def stored_bytes(shape: tuple[int, ...], kind: str | None, elem: int) -> int:
+    """Bytes a tensor of ``shape`` takes stored as ``kind`` (values and scales); ``elem``: full-precision bytes."""
+    n = math.prod(shape)
+    if kind is None:
+        return n * elem
+    lead, rows, cols = math.prod(shape[:-2]), shape[-2], shape[-1]
+    if kind == "fp4":
+        return n // 2 + lead * rows * _ceil(cols, _FP4_BLOCK) * 4
+    return n + lead * _ceil(rows, _FP8_BLOCK) * _ceil(cols, _FP8_BLOCK) * 4
+
+
+def _widened(size: int, piece: int, block: int) -> int:
+    """The most a piece of ``piece`` elements of a dim of ``size`` reads when widened to whole ``block``s: pieces
+    start at multiples of ``piece`` (tp / ep splits then FSDP chunks), the worst over them."""
+    if piece >= size or block == 1:
+        return piece
+    worst = 0
+    for start in range(0, size, piece):
+        stop = min(start + piece, size)
+        worst = max(worst, min(size, -(-stop // block) * block) - start // block * block)
+        if worst >= min(size, _ceil(piece, block) * block + block):
+            break
+    return worst
+
+
+def _read_box(p: ParamInfo, lay: Layout, kind: str | None) -> tuple[int, ...]:
+    """The box the sliced load reads for ``p`` on the most loaded rank: the local shard, widened to whole scale
+    blocks (FP8 128 x 128 over the last two dims, FP4 1 x 32 over the last) where a split cuts them."""
+    box = list(local_shape(p, lay))
+    if kind is None or len(box) < 2:
+        return tuple(box)
+    blocks = (_FP8_BLOCK, _FP8_BLOCK) if kind == "fp8" else (1, _FP4_BLOCK)
+    for d, blk in zip((len(box) - 2, len(box) - 1), blocks, strict=True):
+        box[d] = _widened(p.shape[d], box[d], blk)
+    return tuple(box)
+
+
+def export_outputs(params: Iterable[ParamInfo], quant: Quant, elem: int) -> list[int]:
+    """Bytes of each output tensor of the HF export under ``quant`` (``elem``: bytes of the model dtype): one per
+    parameter, one per expert of a routed expert stack."""
+    out: list[int] = []
+    for p in params:
+        kind = _stored_kind(p, quant)
+        if p.placement == "experts":
+            out += [stored_bytes(p.shape[1:], kind, elem)] * p.shape[0]
+        else:
+            out.append(stored_bytes(p.shape, kind, elem))
+    return out
+
+
+def export_rank_bytes(sizes: Iterable[int], world: int) -> int:
+    """Bytes the most loaded rank writes when every output goes to the least loaded of the ranks that hold equal
+    parts of it, largest first (trex.trainer.hf_export.plan_outputs' owner rule when FSDP splits every tensor
+    evenly; tp and ep splits hand outputs to their holders, which spreads them the same way)."""
+    import heapq
+
+    ranks = [(0, r) for r in range(world)]
+    for n in sorted(sizes, reverse=True):
+        load, r = heapq.heappop(ranks)
+        heapq.heappush(ranks, (load + n, r))
+    return max(load for load, _ in ranks)
+
+
+def lifecycle_phases(params: tuple[ParamInfo, ...], lay: Layout, mem: MemoryPlan, *, mode: str, model_dtype: str,
+                     export_quant: Quant, source: Quant | None, load: bool, export: bool,
+                     tokens_per_step: int, token_bytes: int) -> tuple[PhasePlan, ...]:
+    """Host memory and disk bytes per phase on the most loaded rank, from the local shard shapes and the device
+    plan ``mem`` (pure arithmetic):
+
+    * load (initFromHf / modelFrom, sliced): the rank reads its local boxes of the folder (``source``; None: not
+      known here, planned as unquantised in the model dtype, an upper bound) and holds one box at a time;
+    * step: with optimizer.swap the fp32 masters and optimizer states live in host memory; reads one step's
+      token windows from the token store;
+    * checkpoint (DCP save): writes its shards of parameters and optimizer states plus extra-<rank>.pt, stages
+      one tensor at a time on the host, then reads them back once to hash them;
+    * resume: reads its shards and verifies them (a second read, widened to 16 MiB hashing blocks);
+    * export (distributed HF export): writes the outputs it owns (the export under checkpoint.exportQuant
+      balanced over the ranks by bytes, :func:`export_rank_bytes`), one 64 MiB chunk and its quantised form at a
+      time;
+    * rollout: the in-process decoding replica (grpo, opd) lives on the device (the device plan); none for the
+      other modes.
+
+    On a cpu device the device plan is host memory too: its persistent part is in every phase and its step
+    transients in the step."""
+    elem = _DTYPE_BYTES[model_dtype]
+    on_host = mem.device.device_type == "cpu"
+    swap_host = (mem.masters + mem.muon_state + mem.adamw_state) if mem.swap else 0
+    resident = RUNTIME_HOST_BYTES + swap_host + (mem.persistent if on_host else 0)
+    local = [math.prod(local_shape(p, lay)) for p in params]
+    largest_local = max(local, default=0)
+    store = mem.params // max(sum(local), 1)  # bytes per stored parameter element (fp32 masters when sharded)
+    out: list[PhasePlan] = []
+    if load:
+        src = source or "none"
+        boxes = [(math.prod(_read_box(p, lay, k)), stored_bytes(_read_box(p, lay, k), k, elem))
+                 for p in params for k in [_stored_kind(p, src)]]
+        buffer = max((n * SLICE_BYTES_PER_ELEMENT + b for n, b in boxes), default=0)
+        what = f"folder {src}" + ("" if source else " assumed (unknown here: an upper bound)")
+        out.append(PhasePlan("load", resident + buffer, sum(b for _, b in boxes), 0,
+                             f"local boxes of the HF folder ({what}); one box buffer {gib(buffer)}"))
+    step_host = resident + (mem.total - mem.persistent if on_host else 0)
+    host_note = "swap: fp32 masters + optimizer states in host memory" if mem.swap else "no host-side state"
+    out.append(PhasePlan("step", step_host, tokens_per_step * token_bytes, 0,
+                         f"{host_note}; reads one step's token windows"))
+    shards = mem.params + mem.muon_state + mem.adamw_state
+    staging = largest_local * store + HASH_BLOCK_BYTES
+    out.append(PhasePlan("checkpoint", resident + staging, shards, shards + CHECKPOINT_EXTRA_BYTES,
+                         "DCP shards (parameters + optimizer states) + extra-<rank>.pt; read back once to hash"))
+    out.append(PhasePlan("resume", resident + staging, 2 * shards + 4 * HASH_BLOCK_BYTES, 0,
+                         "its DCP shards, and again to verify them (16 MiB hashing blocks)"))
+    if export:
+        sizes = export_outputs(params, export_quant, elem)
+        total, written = sum(sizes), export_rank_bytes(sizes, lay.world)
+        out.append(PhasePlan("export", resident + 2 * EXPORT_CHUNK_BYTES, 0, written,
+                             f"its outputs of the {gib(total)} export (exportQuant {export_quant}); one 64 MiB chunk"))
+    if mode in ("grpo", "opd"):
+        out.append(PhasePlan("rollout", resident, 0, 0,
+                             "in-process decoding replica on the device (device plan); no host copy"))
+    else:
+        out.append(PhasePlan("rollout", resident, 0, 0, f"none (mode {mode})"))
+    return tuple(out)
+
+
+def plan_lifecycle(cfg: TrainerConfig, world: int, mem: MemoryPlan, host_capacity: int | None = None,
+                   source: Quant | None = None, load: bool | None = None) -> LifecyclePlan:
+    """The lifecycle plan of ``cfg`` on ``world`` ranks next to its device plan ``mem``; ``host_capacity``: host
+    bytes per rank (pod memory / ranks per pod); ``source``: how the initFromHf folder is stored, when known;
+    ``load``: the run starts from a Hugging Face folder (default: checkpoint.initFromHf is set; a TrainJob's
+    modelFrom sets it when the job is rendered)."""
+    values: dict[str, Any] = resolved_model_values(cfg.model)
+    c = census(values)
+    lay = Layout.of(cfg, world)
+    seq = max([cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)])
+    per_rank = _ceil(cfg.data.global_batch_size, lay.dp) * (seq + 1)
+    token_bytes = (2 if int(values["vocab_size"]) <= 1 << 16 else 4) + (cfg.mode == "sft")  # sft: the loss mask
+    starts = cfg.checkpoint.init_from_hf is not None if load is None else load
+    phases = lifecycle_phases(
+        c.params, lay, mem, mode=cfg.mode, model_dtype=cfg.model.dtype, export_quant=cfg.checkpoint.export_quant,
+        source=source, load=starts, export=cfg.checkpoint.export_hf, tokens_per_step=per_rank,
+        token_bytes=token_bytes)
+    return LifecyclePlan(phases, host_capacity)

@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trex.trainer.mfu import DEVICES
 
-Loaded = tuple[Any, int, Any, int | None]
-"""(trainer config, world, device, capacity in bytes or None) of the file to plan."""
+if TYPE_CHECKING:
+    from trex.trainer.plan import Quant
+
+Loaded = tuple[Any, int, Any, int | None, int | None, bool | None]
+"""(trainer config, world, device, capacity in bytes or None, host bytes per rank or None, starts from a Hugging
+Face folder: None when the trainer config says) of the file to plan."""
 ManifestReader = Callable[[dict[str, Any], argparse.Namespace], Loaded]
 """Reads one kind of job manifest with the parsed arguments; ValueError with one line on bad input."""
 
@@ -29,12 +33,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="ranks (default: replicas x devicesPerReplica of a TrainJob, else 1)")
     ap.add_argument("--device", choices=sorted(DEVICES), default=None,
                     help="device model (default: the TrainJob's deviceModel / deviceType, else cpu)")
+    ap.add_argument("--source-quant", choices=["none", "fp8", "fp8-fp4"], default=None,
+                    help="how the initFromHf / modelFrom folder is stored (default: read from its config.json when "
+                         "the folder is here, else planned unquantised, an upper bound)")
     return ap
 
 
 def _load(args: argparse.Namespace,
-          manifests: Mapping[str, ManifestReader]) -> tuple[Any, int, Any, int | None, list[str]]:
-    """(trainer config, world, device, capacity, problems); ValueError with one line on bad input."""
+          manifests: Mapping[str, ManifestReader]) -> tuple[Loaded, list[str]]:
+    """(the file's Loaded, problems); ValueError with one line on bad input."""
     import yaml
     from pydantic import ValidationError
 
@@ -52,7 +59,7 @@ def _load(args: argparse.Namespace,
     kind = doc.get("kind") if isinstance(doc, dict) else None
     reader = manifests.get(kind) if isinstance(kind, str) else None
     if reader is not None:
-        cfg, world, device, capacity = reader(doc, args)
+        cfg, world, device, capacity, host, load = reader(doc, args)
     else:
         try:
             section = doc.get("trainer", doc) if isinstance(doc, dict) else doc
@@ -62,10 +69,37 @@ def _load(args: argparse.Namespace,
         world = args.world or 1
         device = DEVICES[args.device or "cpu"]
         capacity = device.memory_bytes if device.memory_bytes is not None else _host_memory() // world
+        host, load = None, None
     if world <= 0:
         raise ValueError(f"--world must be positive, got {world}")
-    problems = [f"{p}: {m}" for p, m in job_problems(cfg, world, device, capacity)]
-    return cfg, world, device, capacity, problems
+    problems = [f"{p}: {m}" for p, m in job_problems(cfg, world, device, capacity, host_capacity=host, load=load)]
+    return (cfg, world, device, capacity, host, load), problems
+
+
+def source_quant(cfg: Any) -> Quant | None:
+    """How checkpoint.initFromHf's folder is stored when it is here (its config.json's quantization_config, as the
+    export and DeepSeek's releases write it), else None."""
+    import json
+    from pathlib import Path
+
+    folder = cfg.checkpoint.init_from_hf
+    try:
+        conf = json.loads((Path(folder) / "config.json").read_text()) if folder else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(conf, dict):
+        return None
+    q = conf.get("quantization_config")
+    if not isinstance(q, dict):
+        return "none"
+    return "fp8-fp4" if q.get("expert_dtype") == "fp4" else "fp8"
+
+
+def lifecycle_rows(life: Any) -> list[tuple[str, str, str, str, str]]:
+    """(phase, host peak, read, written, what it counts) rows of the lifecycle table."""
+    from trex.trainer.plan import gib
+
+    return [(p.name, gib(p.host_bytes), gib(p.read_bytes), gib(p.written_bytes), p.note) for p in life.phases]
 
 
 def _host_memory() -> int:
@@ -111,8 +145,8 @@ def main(argv: list[str] | None = None, manifests: Mapping[str, ManifestReader] 
     manifests by kind (a file of another kind is a trainer config: the whole file or its ``trainer:`` section)."""
     args = _parser().parse_args(argv)
     try:
-        cfg, world, device, capacity, problems = _load(args, manifests or {})
-        from trex.trainer.plan import Layout, gib, plan_memory
+        (cfg, world, device, capacity, host, load), problems = _load(args, manifests or {})
+        from trex.trainer.plan import Layout, gib, plan_lifecycle, plan_memory
         from trex.trainer.rules import parallelism_problems
 
         if parallelism_problems(cfg, world):
@@ -120,6 +154,7 @@ def main(argv: list[str] | None = None, manifests: Mapping[str, ManifestReader] 
                 print(f"trex plan: {line}", file=sys.stderr)
             return 1
         plan = plan_memory(cfg, world, device, capacity)
+        life = plan_lifecycle(cfg, world, plan, host, args.source_quant or source_quant(cfg), load)
     except ValueError as e:
         print(f"trex plan: error: {e}", file=sys.stderr)
         return 2
@@ -136,6 +171,17 @@ def main(argv: list[str] | None = None, manifests: Mapping[str, ManifestReader] 
     else:
         free = (plan.capacity or 0) - plan.total
         print(f"fit: {'yes' if plan.fits else 'no'} ({gib(abs(free))} {'free' if free >= 0 else 'over'})")
+    print("lifecycle per rank (host memory peak, disk bytes read and written; step: per step):")
+    life_rows = [("phase", "host peak", "read", "written", "counts"), *lifecycle_rows(life)]
+    w = [max(len(r[i]) for r in life_rows) for i in range(4)]
+    for r in life_rows:
+        print(f"  {r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}  {r[4]}")
+    if life.fits is None:
+        print("host fit: not checked (set resources.limits.memory)")
+    else:
+        spare = (life.host_capacity or 0) - life.peak.host_bytes
+        print(f"host fit: {'yes' if life.fits else 'no'}: peak {life.peak.name} {gib(life.peak.host_bytes)} of "
+              f"{gib(life.host_capacity or 0)} per rank ({gib(abs(spare))} {'free' if spare >= 0 else 'over'})")
     for line in problems:
         print(f"problem: {line}")
     return 1 if problems or plan.fits is False else 0

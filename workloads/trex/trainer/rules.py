@@ -17,7 +17,7 @@ from trex.trainer.data.sources import DataError, jsonl_files
 from trex.trainer.distill.folders import resolve_teacher_dir
 from trex.trainer.hf import check_hf_compatible
 from trex.trainer.mfu import DeviceSku
-from trex.trainer.plan import MemoryPlan, gib, plan_memory, with_swap
+from trex.trainer.plan import MemoryPlan, gib, plan_lifecycle, plan_memory, with_swap
 
 Problem = tuple[str, str]
 """(dotted camelCase field path, message)."""
@@ -36,13 +36,16 @@ class ConfigProblem(ValueError):
 
 
 def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None = None,
-                 capacity: int | None = None, *, local: bool = False) -> list[Problem]:
+                 capacity: int | None = None, *, local: bool = False, host_capacity: int | None = None,
+                 load: bool | None = None) -> list[Problem]:
     """The one validity rule: the parallel degrees fit the world and the model (parallelism_problems), every field
     is one the trainer runs (support_problems), the sampling modes' prompts split over the ranks
     (rl_layout_problems); with ``local``, what this machine's files and the data-parallel batch arithmetic allow
     (local_problems); and the memory plan fits ``device`` (``capacity`` bytes per process, default the device's
     memory; no device or an unknown capacity: not checked), with the optimizer states in host memory when
-    optimizer.swap is on. Empty means valid."""
+    optimizer.swap is on; with ``host_capacity`` (host bytes per rank: the pod's resources.limits.memory / its
+    ranks) every phase of the lifecycle plan fits it (host_problems; ``load``: the job starts from a Hugging Face
+    folder, default checkpoint.initFromHf is set). Empty means valid."""
     layout = parallelism_problems(cfg, world_size)
     out = layout + support_problems(cfg) + rl_layout_problems(cfg, world_size)
     if cfg.kernels.registry and Path(cfg.kernels.registry).is_file():  # readable here: it must cover the run
@@ -58,7 +61,7 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     except ValueError as e:
         return [("model.overrides", str(e))]
     if plan.fits:
-        return out
+        return out + host_problems(cfg, world_size, plan, host_capacity, load)
     has = f"{device.name} has {gib(plan.capacity or 0)}"
     if cfg.optimizer.swap.enabled:
         out.append(("parallelism", f"needs {gib(plan.total)} per device even with the optimizer states in host "
@@ -68,6 +71,23 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     hint = f", or enable optimizer.swap (brings it to {gib(off.total)})" if off.fits else ""
     out.append(("parallelism", f"needs {gib(plan.total)} per device; {has}: {_memory_advice(plan)}{hint}"))
     return out
+
+
+def host_problems(cfg: TrainerConfig, world_size: int, plan: MemoryPlan, host_capacity: int | None,
+                  load: bool | None = None) -> list[Problem]:
+    """The phase of the lifecycle plan (trex.trainer.plan.plan_lifecycle) whose host memory exceeds
+    ``host_capacity`` bytes per rank, as one problem on resources.limits.memory (none when it is unknown)."""
+    if host_capacity is None:
+        return []
+    life = plan_lifecycle(cfg, world_size, plan, host_capacity, load=load)
+    if life.fits:
+        return []
+    peak = life.peak
+    fix = ("disable optimizer.swap or add replicas (the host-side masters and optimizer states shrink per rank)"
+           if plan.swap and peak.name in ("step", "checkpoint", "resume") else "add replicas")
+    return [("resources.limits.memory", f"phase {peak.name} needs {gib(peak.host_bytes)} of host memory per rank; "
+             f"the pod's memory limit gives {gib(host_capacity)} per rank: raise resources.limits.memory to at least "
+             f"{gib(peak.host_bytes)} x the ranks per pod, or {fix}")]
 
 
 def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
