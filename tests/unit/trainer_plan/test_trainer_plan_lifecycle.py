@@ -152,8 +152,8 @@ def test_train_run_reports_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert main(["--config", str(tmp_path / "train.yaml"), "--out", str(tmp_path / "run")]) == 0
     phases = json.loads((tmp_path / "termination-log").read_text())["phases"]
     assert sorted(phases) == ["checkpoint", "export", "load", "step"]
-    assert phases["load"]["readBytes"] >= sliced > 0  # plain reads, counted by rchar, plus the headers
-    assert phases["checkpoint"]["writtenBytes"] > 0 and phases["export"]["writtenBytes"] > 0
+    assert phases["load"]["bytesRead"] >= sliced > 0  # plain reads, counted by rchar, plus the headers
+    assert phases["checkpoint"]["bytesWritten"] > 0 and phases["export"]["bytesWritten"] > 0
     assert all(p["hostPeakBytes"] > 0 and p["seconds"] >= 0 for p in phases.values())
     # the same run continued: it resumes from its checkpoint (read back and verified) instead of loading
     trainer["maxSteps"] = 3
@@ -162,7 +162,7 @@ def test_train_run_reports_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     phases = json.loads((tmp_path / "termination-log").read_text())["phases"]
     assert sorted(phases) == ["checkpoint", "export", "resume", "step"]
     ckpt = sum(f.stat().st_size for f in (tmp_path / "run" / "ckpt" / "step-00000002").rglob("*") if f.is_file())
-    assert phases["resume"]["readBytes"] >= ckpt // 2 > 0
+    assert phases["resume"]["bytesRead"] >= ckpt // 2 > 0
 
 
 class _Allocator:
@@ -196,8 +196,8 @@ def test_phase_meter_counts_io_peaks_and_device_transients(tmp_path: Path) -> No
         del grown
     out = meter.summary()
     assert list(out) == ["load", "checkpoint"] and acc.resets == 3
-    assert out["checkpoint"]["writtenBytes"] >= 600_000 and out["checkpoint"]["readBytes"] >= 600_000
-    assert out["load"]["hostPeakBytes"] >= 64 * MiB and out["load"]["writtenBytes"] < 300_000
+    assert out["checkpoint"]["bytesWritten"] >= 600_000 and out["checkpoint"]["bytesRead"] >= 600_000
+    assert out["load"]["hostPeakBytes"] >= 64 * MiB and out["load"]["bytesWritten"] < 300_000
     assert out["checkpoint"]["deviceTransientBytes"] == 250
     assert "deviceTransientBytes" not in PhaseMeter().fields
 
@@ -205,5 +205,5 @@ def test_phase_meter_counts_io_peaks_and_device_transients(tmp_path: Path) -> No
 def test_results_keep_the_phases() -> None:
     from trex_operator.kinds import results_of
 
-    phases = {"load": {"hostPeakBytes": 1, "readBytes": 2, "writtenBytes": 0, "seconds": 0.5}}
+    phases = {"load": {"hostPeakBytes": 1, "bytesRead": 2, "bytesWritten": 0, "seconds": 0.5}}
     assert results_of({"loss": 1.0, "phases": phases}).model_dump(by_alias=True, exclude_none=True)["phases"] == phases

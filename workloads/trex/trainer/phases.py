@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-FIELDS = ("hostPeakBytes", "readBytes", "writtenBytes", "seconds")
+FIELDS = ("hostPeakBytes", "bytesRead", "bytesWritten", "seconds")
 DEVICE_FIELD = "deviceTransientBytes"
 PHASES = ("load", "resume", "step", "checkpoint", "export")
 """The phases a run measures, in the order they run."""
@@ -83,12 +83,12 @@ class PhaseMeter:
         row["hostPeakBytes"] = max(row["hostPeakBytes"], _peak_rss() if reset else 0)
         if acc is not None:
             row[DEVICE_FIELD] = max(row[DEVICE_FIELD], acc.max_memory_allocated() - allocated)
-        row["readBytes"] += io1[0] - io0[0]
-        row["writtenBytes"] += io1[1] - io0[1]
+        row["bytesRead"] += io1[0] - io0[0]
+        row["bytesWritten"] += io1[1] - io0[1]
         row["seconds"] += seconds
 
     def summary(self, group: Any = None) -> dict[str, dict[str, float | int]]:
-        """``{phase: {hostPeakBytes, readBytes, writtenBytes, seconds[, deviceTransientBytes]}}`` of the phases that
+        """``{phase: {hostPeakBytes, bytesRead, bytesWritten, seconds[, deviceTransientBytes]}}`` of the phases that
         ran on some rank, each figure the maximum over the ranks of ``group`` (one all-reduce of a host tensor, a
         collective every rank calls, like the trainer's loss sums; None: this process)."""
         fields = self.fields
