@@ -1,0 +1,94 @@
+"""GRPO's frozen reference: distributed like the student at two ranks (spawn, gloo, float64), its log-probs equal the
+single-process reference's to 1e-10; stored in the model dtype without gradients; not built when the KL is off."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from trex.config_base import load_section
+from trex.trainer.config import TrainerConfig
+from trex.trainer.parallel.mesh import ParallelDims
+from trex.trainer.rl.objective import build_reference
+from trex.trainer.rl.step import sampled_logprobs
+
+LAYOUTS: dict[str, dict[str, int]] = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "ep2": {"ep": 2}}
+
+
+def _cfg(layout: dict[str, int] | None = None, kl: float = 0.05, dtype: str = "fp64") -> TrainerConfig:
+    return load_section(TrainerConfig, {
+        "mode": "grpo", "model": {"preset": "tiny", "dtype": dtype}, "parallelism": layout or {}, "seed": 7,
+        "data": {"train": "prompts.jsonl", "tokenizer": {"vocabSize": 512}},
+        "grpo": {"promptsPerStep": 2, "groupSize": 2, "klCoef": kl}})
+
+
+def _ids() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, 512, (4, 10), generator=g)
+    return ids, torch.roll(ids, -1, dims=1)
+
+
+def _worker(rank: int, world: int, out: str) -> None:
+    from trex.trainer.build import build_layout
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
+    try:
+        for name, layout in LAYOUTS.items():
+            cfg = _cfg(layout)
+            lay = build_layout(ParallelDims.from_config(cfg, world), world, "cpu")
+            ref = build_reference(cfg, torch.device("cpu"), lay.dims, lay.meshes)
+            assert ref is not None
+            ids, targets = _ids()
+            with torch.no_grad():
+                lp = sampled_logprobs(ref, ids, targets, 0.8)
+            local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in ref.parameters())
+            whole = sum(p.numel() for p in ref.parameters())
+            facts: dict[str, Any] = {
+                "logp": lp.tolist(), "local": local, "whole": whole,
+                "grad": any(p.requires_grad for p in ref.parameters()),
+                "dtypes": sorted({str(p.dtype) for p in ref.parameters()})}
+            Path(out, f"{name}-{rank}.json").write_text(json.dumps(facts))
+            off = build_reference(_cfg(layout, kl=0.0), torch.device("cpu"), lay.dims, lay.meshes)
+            assert off is None
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("grpo-reference")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_worker, args=(2, str(root)), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    return root
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_distributed_reference_equals_the_single_process_one(layout: str, runs: Path) -> None:
+    ref = build_reference(_cfg(), torch.device("cpu"), ParallelDims.from_config(_cfg(), 1), None)
+    assert ref is not None
+    ids, targets = _ids()
+    with torch.no_grad():
+        want = torch.log_softmax(ref(ids).logits / 0.8, dim=-1).gather(-1, targets[..., None]).squeeze(-1)  # type: ignore[operator]
+    whole = sum(p.numel() for p in ref.parameters())
+    for rank in range(2):
+        got = json.loads(Path(runs, f"{layout}-{rank}.json").read_text())
+        torch.testing.assert_close(torch.tensor(got["logp"], dtype=torch.float64), want, atol=1e-10, rtol=0)
+        assert got["whole"] == whole and got["local"] < whole  # no rank holds the reference whole
+        assert not got["grad"] and got["dtypes"] == ["torch.float64"]
+
+
+def test_no_reference_without_a_kl_term_and_the_model_dtype_without_one() -> None:
+    assert build_reference(_cfg(kl=0.0), torch.device("cpu"), ParallelDims.from_config(_cfg(), 1), None) is None
+    ref = build_reference(_cfg(dtype="bf16"), torch.device("cpu"), ParallelDims.from_config(_cfg(), 1), None)
+    assert ref is not None
+    assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
+    assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
