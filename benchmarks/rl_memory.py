@@ -1,6 +1,7 @@
 """Per-rank host memory of GRPO's pieces at 1 and 2 ranks (spawn, gloo, CPU, dp = world) on a V4-shaped model: the
 frozen reference (built whole, as before, vs distributed like the student), the loss's log-probs (full [B, T, V]
-logits, as before, vs the fused chunked head), and the anticipatory-routing snapshots (whole vs this rank's shards).
+logits, as before, vs the fused chunked head), opd's teacher head (gathered whole, as before, vs this rank's
+vocabulary rows) and the anticipatory-routing snapshots (whole vs this rank's shards).
 
 Usage: python benchmarks/rl_memory.py [--worlds 1 2] [--vocab 32768] [--hidden 256] [--tokens 1024]
 
@@ -93,6 +94,17 @@ def _worker(rank: int, world: int, out: str, a: argparse.Namespace) -> None:
     for name, fn in (("fused", fused), ("full", fused), ("full", full), ("fused", fused)):
         model.zero_grad(set_to_none=True)
         row[f"logprobs_{name}"], _ = _over(fn)  # each measured after a warm run of the other
+    if layout.meshes is not None:  # opd's teacher head: this rank's vocabulary rows vs the whole head gathered
+        from trex.trainer.distill.teacher import TeacherLayout
+
+        teacher = distributed_model(cfg.model.args, dims, layout.meshes, torch.float32, dev, 0, frozen=True)[0]
+        w = teacher.lm_head.weight.detach()
+        row["teacher_head_gathered"], head = _over(lambda: w.full_tensor().clone())  # type: ignore[union-attr]
+        del head
+        row["teacher_head_rows"], head = _over(lambda: TeacherLayout(dims, layout.meshes, rank, world).head(
+            teacher, torch.float32))
+        row["teacher_head_rows_bytes"] = head.nbytes
+        del head, teacher
     ar = AnticipatoryRouting(model.moe_gates, model.set_anticipatory_router_weights, 2, 3)
     for _ in range(3):
         ar.snapshot()

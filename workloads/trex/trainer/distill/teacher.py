@@ -11,8 +11,8 @@ and hidden states copied to the device through the copy engine while the current
 Under a parallel layout (:class:`TeacherLayout`) each teacher is distributed as the student is (tensor and expert
 parallelism, then FSDP2 shards: no rank holds a whole teacher) and every rank runs every teacher's trunk once per
 batch, in configuration order (a rank none of whose samples a teacher scores runs it on one dummy token: the
-trunk's forward holds collectives). The head each rank keeps on the host is its tensor-parallel rank's
-vocabulary shard, for the vocabulary-parallel KL.
+trunk's forward holds collectives). The head each rank keeps on the host is its share of the vocabulary over the
+data-parallel x tp ranks, cut from the FSDP2 shard it holds, for the vocabulary-parallel KL.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,7 +38,8 @@ def teacher_layout_problem(args: ModelArgs, dims: ParallelDims) -> str | None:
     checks = [(dims.tp, args.num_heads, "tp", "attention head count"),
               (dims.ep, args.n_routed_experts, "ep", "routed expert count"),
               (dims.etp, args.moe_intermediate_size, "etp", "expert hidden size"),
-              (dims.tp, args.vocab_size, "tp", "vocabulary (the KL is vocabulary-parallel over tp)")]
+              (dims.dp * dims.tp, args.vocab_size, "dp x tp",
+               "vocabulary (the KL is vocabulary-parallel over the data-parallel x tp ranks)")]
     if args.attention == "csa":
         checks.append((dims.tp, args.o_groups, "tp", "output group count oGroups"))
     for degree, size, name, what in checks:
@@ -49,12 +50,15 @@ def teacher_layout_problem(args: ModelArgs, dims: ParallelDims) -> str | None:
 
 @dataclass
 class TeacherLayout:
-    """The student's parallel layout, which every teacher is distributed by (None in one process)."""
+    """The student's parallel layout, which every teacher is distributed by (None in one process), and this rank's
+    part of the vocabulary-parallel KL."""
 
     dims: ParallelDims
     meshes: Meshes
-    tp_group: Any
-    """The tensor-parallel group (the KL's vocabulary shards), None when tp = 1."""
+    vocab_index: int = 0
+    """This rank's vocabulary shard among ``vocab_parts`` (see trex.trainer.distill.objective.vocab_parallel)."""
+    vocab_parts: int = 1
+    """Vocabulary shards: the data-parallel x tp ranks."""
 
     def load(self, directory: Path, dtype: torch.dtype, device: torch.device) -> DeepSeekModel:
         """The teacher in ``directory`` built on the meta device, distributed like the student and stored in ``dtype``
@@ -68,14 +72,22 @@ class TeacherLayout:
         return model
 
     def head(self, model: DeepSeekModel, dtype: torch.dtype) -> torch.Tensor:
-        """This rank's vocabulary shard of the teacher's head (a collective over the FSDP2 ranks), in ``dtype``."""
-        from torch.distributed.tensor import DTensor
+        """This rank's vocabulary rows of the teacher's head, in ``dtype``: taken from the FSDP2 shard it already
+        holds (the shards are ordered so that each one's rows lie inside it), no collective and no whole head."""
+        from trex.trainer.parallel.init import local_indices
 
-        from trex.trainer.distill.kl import shard_rows
-
-        w = model.lm_head.weight.detach()
-        full = w.full_tensor() if isinstance(w, DTensor) else w
-        return (shard_rows(full, self.tp_group) if self.tp_group is not None else full).to(dtype).clone()
+        local, shape, index = local_indices(model.lm_head.weight.detach())
+        rows = shape[0] // self.vocab_parts
+        start = self.vocab_index * rows
+        held = index[0]
+        first = 0 if held is None else int(held[0])
+        if held is not None and (held.numel() != local.shape[0]
+                                 or not torch.equal(held, torch.arange(first, first + held.numel()))):
+            raise ValueError("the teacher's head is not sharded in contiguous rows")
+        if start < first or start + rows > first + local.shape[0]:
+            raise ValueError(f"vocabulary rows {start}..{start + rows} are not inside this rank's head shard "
+                             f"{first}..{first + local.shape[0]}")
+        return local[start - first:start - first + rows].to(dtype).clone()
 
 
 @dataclass
@@ -167,8 +179,9 @@ class TeacherPool:
             mine = {g.label: g for g in groups}
             for label in self.labels:
                 if label not in mine:
-                    self._load(self.teachers[label])(torch.zeros(self._rows(1), 1, dtype=torch.long,
-                                                                 device=self.device), logits=False)
+                    model = self._load(self.teachers[label])
+                    model(torch.zeros(self._rows(1), 1, dtype=torch.long, device=self.device), logits=False)
+                    _reshard(model)
                     continue
                 self._cache_hidden(mine[label], input_ids, length)
             return
@@ -189,6 +202,7 @@ class TeacherPool:
         rows = torch.tensor(g.samples + [g.samples[0]] * (self._rows(len(g.samples)) - len(g.samples)),
                             dtype=torch.long)
         out = model(input_ids[rows].to(self.device), logits=False)
+        _reshard(model)
         assert out.hidden is not None
         # Flat batch positions -> positions within the teacher's own rows.
         local = {s: i for i, s in enumerate(g.samples)}
@@ -202,7 +216,8 @@ class TeacherPool:
     def _start(self, g: Group) -> tuple[torch.Tensor, torch.Tensor, CopyHandle]:
         head = self.teachers[g.label].head
         assert head is not None, "teacher_pass loads every teacher it is given"
-        hidden = self.cache.get(g.label)
+        hidden = (self.cache.get(g.label) if g.samples else  # a rank without tokens for this teacher
+                  torch.empty((0, head.shape[1]), dtype=self.dtype))
         dst_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=self.device)
         dst_w = torch.empty(head.shape, dtype=head.dtype, device=self.device)
         handle = self.engine.copy_many([(dst_h, hidden), (dst_w, head)])
@@ -226,7 +241,8 @@ class TeacherPool:
             yield g, hidden, head
             del hidden, head
             self._on_device -= 1
-            self.cache.drop(g.label)
+            if g.samples:
+                self.cache.drop(g.label)
             if pending is None and i + 1 < len(groups):
                 pending = self._start(groups[i + 1])
 
@@ -238,6 +254,15 @@ class TeacherPool:
     def close(self) -> None:
         """Drop the cache's spill files."""
         self.cache.clear()
+
+
+def _reshard(model: DeepSeekModel) -> None:
+    """Free a distributed teacher's gathered root (embedding, head, norms) after its forward: FSDP2 keeps the root
+    gathered for a backward that a frozen teacher never runs."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.reshard()
 
 
 def teacher_groups(labels: Sequence[str], assigned: Sequence[Sequence[str]], mask: torch.Tensor,
