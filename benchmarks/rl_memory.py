@@ -95,13 +95,13 @@ def _worker(rank: int, world: int, out: str, a: argparse.Namespace) -> None:
         model.zero_grad(set_to_none=True)
         row[f"logprobs_{name}"], _ = _over(fn)  # each measured after a warm run of the other
     if layout.meshes is not None:  # opd's teacher head: this rank's vocabulary rows vs the whole head gathered
-        from trex.trainer.distill.teacher import TeacherLayout
+        from trex.trainer.distill.teacher import TeacherLayout, vocab_rows
 
         teacher = distributed_model(cfg.model.args, dims, layout.meshes, torch.float32, dev, 0, frozen=True)[0]
         w = teacher.lm_head.weight.detach()
         row["teacher_head_gathered"], head = _over(lambda: w.full_tensor().clone())  # type: ignore[union-attr]
         del head
-        row["teacher_head_rows"], head = _over(lambda: TeacherLayout(dims, layout.meshes, rank, world).head(
+        row["teacher_head_rows"], head = _over(lambda: TeacherLayout(dims, layout.meshes, vocab_rows(a.vocab, dims, 0, rank, 0)).head(
             teacher, torch.float32))
         row["teacher_head_rows_bytes"] = head.nbytes
         del head, teacher

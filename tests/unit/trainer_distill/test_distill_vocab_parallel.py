@@ -99,3 +99,35 @@ def test_vocab_parallel_kl_equals_one_process(case: str, estimator: str, runs: l
     # each rank's head gradient covers its rows; summed (as FSDP2 and the tp sum do) they are the whole gradient
     torch.testing.assert_close(got[0]["ws"] + got[1]["ws"], ws.grad, atol=1e-10, rtol=0)
     assert torch.count_nonzero(got[0]["ws"][V // 2:]) == 0 and torch.count_nonzero(got[1]["ws"][:V // 2]) == 0
+
+
+@pytest.mark.parametrize(("vocab", "rep", "shard", "tp"), [(129280, 8, 64, 1), (129280, 1, 128, 4), (512, 1, 2, 2),
+                                                          (1000, 3, 7, 2)])
+def test_vocab_rows_tile_the_vocabulary_inside_each_fsdp_shard(vocab: int, rep: int, shard: int, tp: int) -> None:
+    """Every rank's rows are non-empty, inside the FSDP2 shard it holds (torch.chunk over dp_shard) and together
+    they cover the vocabulary exactly once, whatever divides what (V4's 129,280 over 512 ranks)."""
+    from trex.trainer.distill.teacher import vocab_rows
+    from trex.trainer.parallel.mesh import ParallelDims
+
+    dims = ParallelDims(world=rep * shard * tp, dp_replicate=rep, dp_shard=shard, tp=tp)
+    chunks = torch.arange(vocab).chunk(shard)
+    seen = torch.zeros(vocab, dtype=torch.long)
+    for s in range(shard):
+        for r in range(rep):
+            for t in range(tp):
+                a, b = vocab_rows(vocab, dims, r, s, t)
+                assert b > a and int(chunks[s][0]) <= a and b <= int(chunks[s][-1]) + 1
+                seen[a:b] += 1
+    assert bool((seen == 1).all())
+
+
+def test_a_vocabulary_too_small_for_the_ranks_is_named() -> None:
+    from trex.config_base import load_section
+    from trex.trainer.config import TrainerConfig
+    from trex.trainer.distill.teacher import teacher_layout_problem
+    from trex.trainer.parallel.mesh import ParallelDims
+
+    args = load_section(TrainerConfig, {"model": {"preset": "tiny", "overrides": {"vocabSize": 6}}}).model.args
+    assert teacher_layout_problem(args, ParallelDims(world=4, dp_shard=2, tp=2)) is None
+    problem = teacher_layout_problem(args, ParallelDims(world=8, dp_shard=4, tp=2))
+    assert problem is not None and "vocabulary 6 leaves a data-parallel x tp rank (4 x 2) no rows" in problem

@@ -14,7 +14,7 @@ from torch import nn
 from trex.runtime.device import torch_dtype
 from trex.trainer.distill.opd import VocabParallel
 from trex.trainer.distill.run import OPDRanks, OPDRun
-from trex.trainer.distill.teacher import TeacherLayout
+from trex.trainer.distill.teacher import TeacherLayout, vocab_rows
 from trex.trainer.objective import Outcome, RunContext, Series
 from trex.trainer.parallel.decode import DecodeReplica
 from trex.trainer.parallel.parallelize import shared_over_tp
@@ -51,18 +51,16 @@ class OPDStepInfo:
                 Series("opd_teacher_switches", self.teacher_switches)]
 
 
-def vocab_parallel(ctx: RunContext) -> tuple[VocabParallel | None, int, int]:
+def vocab_parallel(ctx: RunContext) -> tuple[VocabParallel | None, tuple[int, int] | None]:
     """The vocabulary-parallel KL's layout over this stage's data-parallel x tp ranks (a collective: every rank
-    builds the groups), with this rank's shard index and the shard count. Shards are ordered dp_shard-major, so each
-    rank's vocabulary rows lie inside the FSDP2 shard of the heads it holds; one tp rank of each data-parallel rank
-    (tp rank 0) sends its tokens."""
+    builds the groups) and this rank's vocabulary rows (trex.trainer.distill.teacher.vocab_rows: inside the FSDP2
+    shard of the heads it holds); one tp rank of each data-parallel rank (tp rank 0) sends its tokens."""
     import torch.distributed as dist
 
     assert ctx.meshes is not None
     dims, dense = ctx.dims, ctx.meshes.dense
-    parts = dims.dp * dims.tp
-    if parts == 1:
-        return None, 0, 1
+    if dims.dp * dims.tp == 1:
+        return None, None
     grid = dense.mesh  # [pp, dp_replicate, dp_shard, tp] global ranks
     coord = dense.get_coordinate()
     assert coord is not None
@@ -72,16 +70,14 @@ def vocab_parallel(ctx: RunContext) -> tuple[VocabParallel | None, int, int]:
         g = dist.new_group([int(r) for r in grid[p].flatten()])
         if p == stage:
             group = g
-    index = (shard * dims.dp_replicate + rep) * dims.tp + tp_rank
-    order = dist.get_process_group_ranks(group)
-    owner = order.index(int(grid[stage, rep, shard, 0]))
-    rows = ctx.cfg.model.args.vocab_size // parts
+    owner = dist.get_process_group_ranks(group).index(int(grid[stage, rep, shard, 0]))
+    start, end = vocab_rows(ctx.cfg.model.args.vocab_size, dims, rep, shard, tp_rank)
     tp_mesh = dense["tp"]
 
     def shard_of(w: torch.Tensor) -> torch.Tensor:
-        return (shared_over_tp(w, tp_mesh) if dims.tp > 1 else w)[index * rows:(index + 1) * rows]
+        return (shared_over_tp(w, tp_mesh) if dims.tp > 1 else w)[start:end]
 
-    return VocabParallel(group, shard_of, index * rows, tp_rank == 0, owner), index, parts
+    return VocabParallel(group, shard_of, start, tp_rank == 0, owner), (start, end)
 
 
 def opd_ranks(ctx: RunContext, replica: DecodeReplica | None, tp_group: Any) -> OPDRanks:
@@ -89,8 +85,8 @@ def opd_ranks(ctx: RunContext, replica: DecodeReplica | None, tp_group: Any) -> 
     distributed by, the vocabulary-parallel KL over the data-parallel x tp ranks, and the decoding replica."""
     if ctx.meshes is None:
         return OPDRanks()
-    vocab, index, parts = vocab_parallel(ctx)
-    return OPDRanks(ctx.dp_rank, ctx.dims.dp, ctx.sum_over_ranks, TeacherLayout(ctx.dims, ctx.meshes, index, parts),
+    vocab, rows = vocab_parallel(ctx)
+    return OPDRanks(ctx.dp_rank, ctx.dims.dp, ctx.sum_over_ranks, TeacherLayout(ctx.dims, ctx.meshes, rows),
                     vocab, replica, tp_group)
 
 

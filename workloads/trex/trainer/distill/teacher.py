@@ -33,18 +33,32 @@ if TYPE_CHECKING:
     from trex.trainer.model_args import ModelArgs
     from trex.trainer.parallel.mesh import Meshes, ParallelDims
 
+def vocab_rows(vocab: int, dims: ParallelDims, rep: int, shard: int, tp_rank: int) -> tuple[int, int]:
+    """The vocabulary rows [start, end) the rank at (dp_replicate, dp_shard, tp) coordinates scores in the
+    vocabulary-parallel KL: its FSDP2 shard's rows of a head (torch.chunk over dp_shard, as FSDP2 splits dim 0)
+    split evenly over that shard's dp_replicate x tp ranks, so each rank's rows lie inside the shard it holds."""
+    size = -(-vocab // dims.dp_shard)
+    first, last = min(shard * size, vocab), min((shard + 1) * size, vocab)
+    parts, part = dims.dp_replicate * dims.tp, rep * dims.tp + tp_rank
+    n = last - first
+    return first + part * n // parts, first + (part + 1) * n // parts
+
+
 def teacher_layout_problem(args: ModelArgs, dims: ParallelDims) -> str | None:
     """Why a teacher of shape ``args`` cannot be distributed by the student's degrees (None: it can)."""
     checks = [(dims.tp, args.num_heads, "tp", "attention head count"),
               (dims.ep, args.n_routed_experts, "ep", "routed expert count"),
-              (dims.etp, args.moe_intermediate_size, "etp", "expert hidden size"),
-              (dims.dp * dims.tp, args.vocab_size, "dp x tp",
-               "vocabulary (the KL is vocabulary-parallel over the data-parallel x tp ranks)")]
+              (dims.etp, args.moe_intermediate_size, "etp", "expert hidden size")]
     if args.attention == "csa":
         checks.append((dims.tp, args.o_groups, "tp", "output group count oGroups"))
     for degree, size, name, what in checks:
         if size % degree:
             return f"{name}={degree} does not divide the teacher's {what} {size}"
+    fewest = min(b - a for a, b in (vocab_rows(args.vocab_size, dims, r, s, t) for s in range(dims.dp_shard)
+                                    for r in range(dims.dp_replicate) for t in range(dims.tp)))
+    if fewest == 0:
+        return (f"the teacher's vocabulary {args.vocab_size} leaves a data-parallel x tp rank ({dims.dp} x "
+                f"{dims.tp}) no rows of the vocabulary-parallel KL")
     return None
 
 
@@ -55,10 +69,8 @@ class TeacherLayout:
 
     dims: ParallelDims
     meshes: Meshes
-    vocab_index: int = 0
-    """This rank's vocabulary shard among ``vocab_parts`` (see trex.trainer.distill.objective.vocab_parallel)."""
-    vocab_parts: int = 1
-    """Vocabulary shards: the data-parallel x tp ranks."""
+    rows: tuple[int, int] | None = None
+    """This rank's vocabulary rows [start, end) of the teachers' heads (:func:`vocab_rows`); None: all."""
 
     def load(self, directory: Path, dtype: torch.dtype, device: torch.device) -> DeepSeekModel:
         """The teacher in ``directory`` built on the meta device, distributed like the student and stored in ``dtype``
@@ -77,17 +89,15 @@ class TeacherLayout:
         from trex.trainer.parallel.init import local_indices
 
         local, shape, index = local_indices(model.lm_head.weight.detach())
-        rows = shape[0] // self.vocab_parts
-        start = self.vocab_index * rows
+        start, end = self.rows if self.rows is not None else (0, shape[0])
         held = index[0]
-        first = 0 if held is None else int(held[0])
-        if held is not None and (held.numel() != local.shape[0]
-                                 or not torch.equal(held, torch.arange(first, first + held.numel()))):
+        first = 0 if held is None else int(held[0]) if held.numel() else shape[0]
+        if held is not None and not torch.equal(held, torch.arange(first, first + held.numel())):
             raise ValueError("the teacher's head is not sharded in contiguous rows")
-        if start < first or start + rows > first + local.shape[0]:
-            raise ValueError(f"vocabulary rows {start}..{start + rows} are not inside this rank's head shard "
+        if start < first or end > first + local.shape[0]:
+            raise ValueError(f"vocabulary rows {start}..{end} are not inside this rank's head shard "
                              f"{first}..{first + local.shape[0]}")
-        return local[start - first:start - first + rows].to(dtype).clone()
+        return local[start - first:end - first].to(dtype).clone()
 
 
 @dataclass
