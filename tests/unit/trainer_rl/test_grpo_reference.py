@@ -34,6 +34,46 @@ def _ids() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.roll(ids, -1, dims=1)
 
 
+def _loss_inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(12)
+    mask = torch.ones(4, 10, dtype=torch.bool)
+    mask[:, :4] = False
+    mask[3, 6:] = False
+    return {"mask": mask, "old": -torch.rand(4, 10, generator=g, dtype=torch.float64) * 6,
+            "ref": -torch.rand(4, 10, generator=g, dtype=torch.float64) * 6,
+            "adv": torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)}
+
+
+def _grpo_backward(model: Any, rows: slice, total: int) -> torch.Tensor:
+    """The GRPO loss of ``rows`` of the batch through the fused, MTP-less path, weighted to the global token mean
+    and back-propagated; returns the expert counts."""
+    from trex.trainer.rl.grpo import grpo_loss
+
+    ids, targets = _ids()
+    x = _loss_inputs()
+    out = model(ids[rows], logits=False, mtp=False)
+    from trex.trainer.rl.step import output_logprobs
+
+    logp = output_logprobs(out, targets[rows], 0.8)
+    res = grpo_loss(logp, x["old"][rows], x["ref"][rows], x["adv"][rows], x["mask"][rows], kl_coef=0.05)
+    (res.loss * (res.tokens / total)).backward()
+    return out.expert_counts
+
+
+def _student_grads(cfg: TrainerConfig, lay: Any, rank: int) -> dict[str, Any]:
+    """Two backward passes of the GRPO loss over this rank's half of the batch on the FSDP2 student (a model with an
+    MTP module its forward skips); the gradients gathered whole."""
+    from trex.trainer.build import distributed_model
+
+    model, _ = distributed_model(cfg.model.args, lay.dims, lay.meshes, torch.float64, torch.device("cpu"), cfg.seed)
+    total = int(_loss_inputs()["mask"].sum())
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        counts = _grpo_backward(model, slice(2 * rank, 2 * rank + 2), total)
+    grads = {k: None if p.grad is None else p.grad.full_tensor() for k, p in model.named_parameters()}
+    return {"grads": grads, "rows": counts.shape[0]}
+
+
 def _worker(rank: int, world: int, out: str) -> None:
     from trex.trainer.build import build_layout
 
@@ -57,6 +97,8 @@ def _worker(rank: int, world: int, out: str) -> None:
             Path(out, f"{name}-{rank}.json").write_text(json.dumps(facts))
             off = build_reference(_cfg(layout, kl=0.0), torch.device("cpu"), lay.dims, lay.meshes)
             assert off is None
+            if name == "dp2":
+                torch.save(_student_grads(cfg, lay, rank), Path(out, f"grads-{rank}.pt"))
     finally:
         dist.barrier()
         dist.destroy_process_group()
@@ -92,3 +134,24 @@ def test_no_reference_without_a_kl_term_and_the_model_dtype_without_one() -> Non
     assert ref is not None
     assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
     assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
+
+
+def test_grpo_gradients_at_two_ranks_equal_one_process(runs: Path) -> None:
+    """dp2 (FSDP2) with an MTP module the RL forward skips: after two backward passes the summed gradients equal the
+    single-process gradients of the whole batch to 1e-10; the MTP parameters get none."""
+    from trex.trainer.model import build_model
+
+    cfg = _cfg()
+    model = build_model(cfg.model, device="cpu", dtype=torch.float64, seed=cfg.seed)
+    assert model.args.mtp_depth == 1
+    total = int(_loss_inputs()["mask"].sum())
+    counts = _grpo_backward(model, slice(0, 4), total)
+    for rank in range(2):
+        got = torch.load(Path(runs, f"grads-{rank}.pt"))
+        assert got["rows"] == counts.shape[0] == model.args.n_moe_layers
+        for k, p in model.named_parameters():
+            if k.startswith("mtp."):
+                assert p.grad is None and got["grads"][k] is None, k
+                continue
+            assert p.grad is not None, k
+            torch.testing.assert_close(got["grads"][k], p.grad, atol=1e-10, rtol=0, msg=k)
