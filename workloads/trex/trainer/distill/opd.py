@@ -54,9 +54,10 @@ def pack(rollouts: Sequence[Rollout], teachers: Sequence[Sequence[str]], pad_id:
 
 @dataclass(frozen=True)
 class VocabParallel:
-    """How the KL splits the vocabulary over the data-parallel x tp ranks: each rank of ``group`` scores rows
-    ``start`` .. ``start`` + V / size of both heads for the tokens of every data-parallel rank (gathered: one tp rank
-    of each data-parallel rank sends them), so no rank holds a whole teacher head."""
+    """How the KL splits the vocabulary over the data-parallel x tp ranks: each rank of ``group`` scores its rows
+    (from ``start``, about V / size of them: trex.trainer.distill.teacher.vocab_rows) of both heads for the tokens
+    of every data-parallel rank (gathered: one tp rank of each data-parallel rank sends them), so no rank holds a
+    whole teacher head."""
 
     group: Any
     shard: Callable[[torch.Tensor], torch.Tensor]

@@ -85,7 +85,7 @@ class TeacherLayout:
 
     def head(self, model: DeepSeekModel, dtype: torch.dtype) -> torch.Tensor:
         """This rank's vocabulary rows of the teacher's head, in ``dtype``: taken from the FSDP2 shard it already
-        holds (the shards are ordered so that each one's rows lie inside it), no collective and no whole head."""
+        holds (:func:`vocab_rows` splits each FSDP2 shard's rows among its ranks), no collective and no whole head."""
         from trex.trainer.parallel.init import local_indices
 
         local, shape, index = local_indices(model.lm_head.weight.detach())
