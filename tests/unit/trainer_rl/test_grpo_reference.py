@@ -14,18 +14,22 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from trex.config_base import load_section
 from trex.trainer.config import TrainerConfig
+from trex.trainer.model import build_model
 from trex.trainer.parallel.mesh import ParallelDims
 from trex.trainer.rl.objective import build_reference
 from trex.trainer.rl.step import sampled_logprobs
 
-LAYOUTS: dict[str, dict[str, int]] = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "ep2": {"ep": 2}}
+LAYOUTS: dict[str, dict[str, int]] = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "ep2": {"ep": 2}, "dp2-hf": {"dp": 2}}
+"""Name -> layout; "-hf": the reference's initial weights come from checkpoint.initFromHf (read by slice)."""
 
 
-def _cfg(layout: dict[str, int] | None = None, kl: float = 0.05, dtype: str = "fp64") -> TrainerConfig:
+def _cfg(layout: dict[str, int] | None = None, kl: float = 0.05, dtype: str = "fp64",
+         hf: Path | None = None) -> TrainerConfig:
     return load_section(TrainerConfig, {
         "mode": "grpo", "model": {"preset": "tiny", "dtype": dtype}, "parallelism": layout or {}, "seed": 7,
         "data": {"train": "prompts.jsonl", "tokenizer": {"vocabSize": 512}},
-        "grpo": {"promptsPerStep": 2, "groupSize": 2, "klCoef": kl}})
+        "grpo": {"promptsPerStep": 2, "groupSize": 2, "klCoef": kl},
+        "checkpoint": {"initFromHf": str(hf) if hf else None}})
 
 
 def _ids() -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +85,7 @@ def _worker(rank: int, world: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
     try:
         for name, layout in LAYOUTS.items():
-            cfg = _cfg(layout)
+            cfg = _cfg(layout, hf=Path(out, "hf") if name.endswith("-hf") else None)
             lay = build_layout(ParallelDims.from_config(cfg, world), world, "cpu")
             ref = build_reference(cfg, torch.device("cpu"), lay.dims, lay.meshes)
             assert ref is not None
@@ -106,8 +110,11 @@ def _worker(rank: int, world: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trex.trainer.hf import save_hf
+
     root = tmp_path_factory.mktemp("grpo-reference")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    save_hf(build_model(_cfg().model, dtype=torch.float64, seed=9), root / "hf")
     mp.spawn(_worker, args=(2, str(root)), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
     return root
 
@@ -115,11 +122,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_distributed_reference_equals_the_single_process_one(layout: str, runs: Path) -> None:
-    ref = build_reference(_cfg(), torch.device("cpu"), ParallelDims.from_config(_cfg(), 1), None)
-    assert ref is not None
-    ids, targets = _ids()
-    with torch.no_grad():
-        want = torch.log_softmax(ref(ids).logits / 0.8, dim=-1).gather(-1, targets[..., None]).squeeze(-1)  # type: ignore[operator]
+    def logprobs(cfg: TrainerConfig) -> torch.Tensor:
+        ref = build_reference(cfg, torch.device("cpu"), ParallelDims.from_config(cfg, 1), None)
+        assert ref is not None
+        ids, targets = _ids()
+        with torch.no_grad():
+            return torch.log_softmax(ref(ids).logits / 0.8, dim=-1).gather(-1, targets[..., None]).squeeze(-1)  # type: ignore[operator]
+
+    hf = layout.endswith("-hf")
+    want = logprobs(_cfg(hf=runs / "hf" if hf else None))
+    if hf:  # the folder's weights, not the seed's
+        assert (want - logprobs(_cfg())).abs().max() > 1e-3
+    ref = build_model(_cfg().model, dtype=torch.float64)
     whole = sum(p.numel() for p in ref.parameters())
     for rank in range(2):
         got = json.loads(Path(runs, f"{layout}-{rank}.json").read_text())
@@ -139,8 +153,6 @@ def test_no_reference_without_a_kl_term_and_the_model_dtype_without_one() -> Non
 def test_grpo_gradients_at_two_ranks_equal_one_process(runs: Path) -> None:
     """dp2 (FSDP2) with an MTP module the RL forward skips: after two backward passes the summed gradients equal the
     single-process gradients of the whole batch to 1e-10; the MTP parameters get none."""
-    from trex.trainer.model import build_model
-
     cfg = _cfg()
     model = build_model(cfg.model, device="cpu", dtype=torch.float64, seed=cfg.seed)
     assert model.args.mtp_depth == 1
