@@ -137,9 +137,11 @@ def autocast(cfg: TrainerConfig, dev: torch.device) -> contextlib.AbstractContex
 
 
 def load_cv(counts: torch.Tensor) -> float:
-    """Mean over MoE layers of std/mean of per-expert token counts (0 = perfectly balanced)."""
-    if counts.numel() == 0:
-        return 0.0
+    """Mean over MoE layers of std/mean of per-expert token counts (0 = perfectly balanced); layers that routed
+    nothing (MTP modules a GRPO forward skips) do not count."""
     c = counts.double()
+    c = c[c.sum(-1) > 0] if c.dim() == 2 else c
+    if c.numel() == 0:
+        return 0.0
     mean = c.mean(-1).clamp(min=1e-12)
     return float((c.std(-1, unbiased=False) / mean).mean())

@@ -75,7 +75,10 @@ class AnticipatoryRouting:
     """Ring buffer of gate-weight snapshots; while active, routes with the snapshot from Δt steps earlier.
 
     ``snapshot`` is called at the start of every step (before ``prepare``), so the buffer holds the router
-    weights of the current and the Δt previous steps, ready to use the moment a spike fires.
+    weights of the current and the Δt previous steps, ready to use the moment a spike fires. A sharded router
+    weight is kept as this rank's shard only (no collective per step, 1/N of the memory); the Δt-old shards are
+    gathered into whole weights only for the steps that route with them (every rank of the router's mesh calls
+    ``prepare`` at the same steps, so the gathers line up).
     """
 
     def __init__(self, gates: Callable[[], list[tuple[str, Any]]],
@@ -89,8 +92,8 @@ class AnticipatoryRouting:
         self.active_until = -1
 
     def snapshot(self) -> None:
-        """Cache the current gate weights (detached copies)."""
-        self.snapshots.append({name: _full(g.weight).detach().clone() for name, g in self._gates()})
+        """Cache the current gate weights (detached copies of this rank's shards)."""
+        self.snapshots.append({name: _local(g.weight).detach().clone() for name, g in self._gates()})
 
     def trigger(self, step: int) -> None:
         """A spike fired at ``step``: route with old weights for steps step+1 .. step+window."""
@@ -104,20 +107,37 @@ class AnticipatoryRouting:
     def prepare(self, step: int) -> bool:
         """Install the Δt-old router weights for ``step`` (or clear them); returns whether they are in use."""
         if self.is_active(step) and self.snapshots:
-            self._apply(self.snapshots[0])
+            old = self.snapshots[0]
+            self._apply({name: _whole(old[name], g.weight) for name, g in self._gates()})
             return True
         self._apply(None)
         return False
 
     def state_dict(self) -> dict[str, Any]:
-        """Snapshots and the active window, for bit-identical resume."""
-        return {"active_from": self.active_from, "active_until": self.active_until, "snapshots": [dict(s) for s in self.snapshots]}
+        """Snapshots (this rank's shards, with the layout they were taken under) and the active window, for a
+        bit-identical resume."""
+        return {"active_from": self.active_from, "active_until": self.active_until,
+                "snapshots": [dict(s) for s in self.snapshots], "layout": self._layout()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore :meth:`state_dict`. Shards taken under another layout (a resume at another world size) are not
+        this rank's: they are dropped, and the buffer refills over the next Δt steps."""
         self.active_from = int(state["active_from"])
         self.active_until = int(state["active_until"])
-        self.snapshots = deque((dict(s) for s in state["snapshots"]), maxlen=self.delta + 1)
+        shapes = {name: tuple(_local(g.weight).shape) for name, g in self._gates()}
+        same = state.get("layout", self._layout()) == self._layout() and all(
+            {k: tuple(v.shape) for k, v in snap.items()} == shapes for snap in state["snapshots"])
+        self.snapshots = deque((dict(s) for s in state["snapshots"] if same), maxlen=self.delta + 1)
+
+    def _layout(self) -> dict[str, str]:
+        """Per gate: the global and local shape and the placement of this rank's shard."""
+        out = {}
+        for name, g in self._gates():
+            w = g.weight
+            where = (f"{tuple(w.placements)}@{w.device_mesh.get_coordinate()}" if hasattr(w, "placements")
+                     else "whole")
+            out[name] = f"{tuple(w.shape)}/{tuple(_local(w).shape)}/{where}"
+        return out
 
 
 def finite(*values: float) -> bool:
@@ -125,18 +145,21 @@ def finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def _full(t: Any) -> Any:
-    """The whole tensor of a (possibly sharded) parameter; a collective on every rank when it is a DTensor.
-    A shard stored in host memory (a master under optimizer.swap) is gathered from a device copy: the
-    device backend cannot gather host tensors."""
-    full = getattr(t, "full_tensor", None)
-    if not callable(full):
-        return t
+def _local(t: Any) -> Any:
+    """This rank's shard of a (possibly sharded) parameter: the tensor itself when it is not a DTensor."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _whole(shard: torch.Tensor, like: Any) -> torch.Tensor:
+    """The whole router weight from this rank's ``shard`` of it, sharded as the parameter ``like`` is: a collective
+    on every rank of its mesh, run only for the steps that route with an old weight (the gate's forward needs the
+    whole [E, D] weight to score every expert). A shard stored in host memory (a master under optimizer.swap) is
+    gathered from a device copy: the device backend cannot gather host tensors."""
+    if not hasattr(like, "placements"):
+        return shard
     from torch.distributed.tensor import DTensor
 
-    local = t.to_local()
-    mesh = t.device_mesh
-    if local.device.type != mesh.device_type:
-        t = DTensor.from_local(local.to(mesh.device_type), mesh, t.placements, run_check=False, shape=t.shape,
-                               stride=t.stride())
-    return t.full_tensor()
+    mesh = like.device_mesh
+    return DTensor.from_local(shard.to(mesh.device_type), mesh, like.placements, run_check=False, shape=like.shape,
+                              stride=like.stride()).full_tensor()

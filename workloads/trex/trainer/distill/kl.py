@@ -134,11 +134,14 @@ def _pick(values: torch.Tensor, tokens: torch.Tensor, vocab_start: int, group: A
 
 def reverse_kl(student_hidden: torch.Tensor, student_head: torch.Tensor, teacher_hidden: torch.Tensor,
                teacher_head: torch.Tensor, coef: torch.Tensor, *, estimator: Estimator = "full-vocab",
-               tokens: torch.Tensor | None = None, chunk_size: int = 1024, group: Any = None) -> KLOutput:
+               tokens: torch.Tensor | None = None, chunk_size: int = 1024, group: Any = None,
+               vocab_start: int | None = None) -> KLOutput:
     """sum_i coef_i * KL(p_s || p_t) at each of N tokens, from hidden states [N, D_s] / [N, D_t] and head
     weights [V, D_s] / [V, D_t] (with ``group``: this rank's contiguous vocabulary shard [V / tp, D] of
     each head). ``coef`` [N] carries the teacher weight, the mask and the token-mean normaliser
     (:func:`token_coefficients`). ``tokens`` [N] (global ids): the sampled tokens, for ``sampled-token``.
+    ``vocab_start``: the first vocabulary row of this rank's shard (default: its rank in ``group`` times the
+    shard's rows).
     Gradients flow to the student's hidden states and head; the teacher's inputs are constants."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
@@ -157,11 +160,12 @@ def reverse_kl(student_hidden: torch.Tensor, student_head: torch.Tensor, teacher
     sampled = estimator == "sampled-token"
     if sampled and (tokens is None or tokens.shape != coef.shape):
         raise ValueError("tokens [N]: required by the sampled-token estimator")
-    vocab_start = 0
-    if group is not None:
-        import torch.distributed as dist
+    if vocab_start is None:
+        vocab_start = 0
+        if group is not None:
+            import torch.distributed as dist
 
-        vocab_start = dist.get_rank(group) * student_head.shape[0]
+            vocab_start = dist.get_rank(group) * student_head.shape[0]
     loss, kl, ent = _ChunkedKL.apply(  # type: ignore[no-untyped-call]
         student_hidden, student_head, teacher_hidden.detach(), teacher_head.detach(), coef.detach(),
         tokens if sampled else None, sampled, chunk_size, group, vocab_start)

@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from tokenizers import Tokenizer
 from torch import nn
 
 from trex.runtime.device import torch_dtype
-from trex.trainer.distill.kl import shard_rows
 from trex.trainer.distill.opd import VocabParallel
 from trex.trainer.distill.run import OPDRanks, OPDRun
-from trex.trainer.distill.teacher import TeacherLayout
+from trex.trainer.distill.teacher import TeacherLayout, vocab_rows
 from trex.trainer.objective import Outcome, RunContext, Series
 from trex.trainer.parallel.decode import DecodeReplica
 from trex.trainer.parallel.parallelize import shared_over_tp
@@ -51,16 +51,42 @@ class OPDStepInfo:
                 Series("opd_teacher_switches", self.teacher_switches)]
 
 
+def vocab_parallel(ctx: RunContext) -> tuple[VocabParallel | None, tuple[int, int] | None]:
+    """The vocabulary-parallel KL's layout over this stage's data-parallel x tp ranks (a collective: every rank
+    builds the groups) and this rank's vocabulary rows (trex.trainer.distill.teacher.vocab_rows: inside the FSDP2
+    shard of the heads it holds); one tp rank of each data-parallel rank (tp rank 0) sends its tokens."""
+    import torch.distributed as dist
+
+    assert ctx.meshes is not None
+    dims, dense = ctx.dims, ctx.meshes.dense
+    if dims.dp * dims.tp == 1:
+        return None, None
+    grid = dense.mesh  # [pp, dp_replicate, dp_shard, tp] global ranks
+    coord = dense.get_coordinate()
+    assert coord is not None
+    stage, rep, shard, tp_rank = coord
+    group = None
+    for p in range(grid.shape[0]):  # every rank creates every stage's group, in order
+        g = dist.new_group([int(r) for r in grid[p].flatten()])
+        if p == stage:
+            group = g
+    owner = dist.get_process_group_ranks(group).index(int(grid[stage, rep, shard, 0]))
+    start, end = vocab_rows(ctx.cfg.model.args.vocab_size, dims, rep, shard, tp_rank)
+    tp_mesh = dense["tp"]
+
+    def shard_of(w: torch.Tensor) -> torch.Tensor:
+        return (shared_over_tp(w, tp_mesh) if dims.tp > 1 else w)[start:end]
+
+    return VocabParallel(group, shard_of, start, tp_rank == 0, owner), (start, end)
+
+
 def opd_ranks(ctx: RunContext, replica: DecodeReplica | None, tp_group: Any) -> OPDRanks:
     """Where this rank of a parallel opd run stands: its data-parallel share, the layout the teachers are
-    distributed by, the vocabulary-parallel KL over tp, and the decoding replica."""
+    distributed by, the vocabulary-parallel KL over the data-parallel x tp ranks, and the decoding replica."""
     if ctx.meshes is None:
         return OPDRanks()
-    tp_mesh = ctx.meshes.dense["tp"]
-    vocab = None
-    if tp_group is not None:
-        vocab = VocabParallel(tp_group, lambda w: shard_rows(shared_over_tp(w, tp_mesh), tp_group))
-    return OPDRanks(ctx.dp_rank, ctx.dims.dp, ctx.sum_over_ranks, TeacherLayout(ctx.dims, ctx.meshes, tp_group),
+    vocab, rows = vocab_parallel(ctx)
+    return OPDRanks(ctx.dp_rank, ctx.dims.dp, ctx.sum_over_ranks, TeacherLayout(ctx.dims, ctx.meshes, rows),
                     vocab, replica, tp_group)
 
 

@@ -7,8 +7,9 @@ time and its tensors are freed before the next arrives; the accumulated hidden-s
 through the student's trunk in one backward.
 
 Under a parallel layout the token mean runs over every data-parallel rank's tokens (``tokens``), every rank runs
-the forward and backward even with nothing to score (they hold collectives), and under tensor parallelism the KL
-is vocabulary-parallel (:class:`VocabParallel`): each tp rank scores its shard of the vocabulary.
+the forward and backward even with nothing to score (they hold collectives), and the KL is vocabulary-parallel over
+the data-parallel x tp ranks (:class:`VocabParallel`): each rank scores its shard of the vocabulary for the tokens
+of every data-parallel rank, so no rank holds a whole teacher head.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 
 import torch
 
-from trex.trainer.distill.kl import Estimator, reverse_kl, token_coefficients
-from trex.trainer.distill.teacher import TeacherPool, teacher_groups
+from trex.trainer.distill.kl import Estimator, KLOutput, reverse_kl, token_coefficients
+from trex.trainer.distill.teacher import Group, TeacherPool, teacher_groups
 from trex.trainer.model.model import DeepSeekModel
 from trex.trainer.rl.step import pack as rl_pack
 from trex.trainer.rollout import Rollout, SamplingParams, generate
@@ -53,11 +54,75 @@ def pack(rollouts: Sequence[Rollout], teachers: Sequence[Sequence[str]], pad_id:
 
 @dataclass(frozen=True)
 class VocabParallel:
-    """The tensor-parallel group the KL shards the vocabulary over, and how to take the student head's shard (its
-    backward must sum the head's gradient over the group: each rank's gradient covers its rows only)."""
+    """How the KL splits the vocabulary over the data-parallel x tp ranks: each rank of ``group`` scores its rows
+    (from ``start``, about V / size of them: trex.trainer.distill.teacher.vocab_rows) of both heads for the tokens
+    of every data-parallel rank (gathered: one tp rank of each data-parallel rank sends them), so no rank holds a
+    whole teacher head."""
 
     group: Any
     shard: Callable[[torch.Tensor], torch.Tensor]
+    """This rank's rows of the student's (gathered) head; its backward sums the head's gradient over tp (each rank's
+    gradient covers its rows only, and FSDP2 sums it over the data-parallel ranks)."""
+    start: int
+    """This rank's first vocabulary row."""
+    sends: bool
+    """Whether this rank sends its data-parallel rank's tokens (tp rank 0 of it)."""
+    owner: int
+    """The rank in ``group`` that sends this rank's tokens (itself when ``sends``)."""
+
+
+class _GatherRows(torch.autograd.Function):
+    """The rows every rank of a group sends, concatenated in group order; the backward hands this rank the gradient
+    of the block its tokens came in (whole already: the vocabulary-parallel KL sums it over the group)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, send: bool, counts: list[int], group: Any,
+                take: tuple[int, int]) -> torch.Tensor:
+        import torch.distributed as dist
+
+        width = max(counts)
+        buf = x.new_zeros((width, *x.shape[1:]))
+        if send:
+            buf[:x.shape[0]] = x
+        parts = [torch.empty_like(buf) for _ in counts]
+        dist.all_gather(parts, buf, group=group)
+        ctx.take = take
+        return torch.cat([p[:c] for p, c in zip(parts, counts, strict=True)])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        a, b = ctx.take
+        return grad[a:b], None, None, None, None
+
+
+def vocab_parallel_kl(hs: torch.Tensor, head: torch.Tensor, ht: torch.Tensor, wt: torch.Tensor, coef: torch.Tensor,
+                      tokens: torch.Tensor, vocab: VocabParallel, *, estimator: Estimator,
+                      chunk_size: int) -> tuple[KLOutput, slice] | None:
+    """:func:`reverse_kl` over the tokens of every data-parallel rank, this rank scoring its vocabulary rows
+    (``head`` and ``wt`` are those rows of the student's and the teacher's head). Returns the result over the gathered
+    tokens (its loss the whole group's; gradients reach ``hs`` for this rank's own tokens) and the slice of them that
+    are this rank's, or None when no rank has a token (a collective: every rank of the group calls it)."""
+    import torch.distributed as dist
+
+    n = hs.shape[0]
+    mine = torch.tensor([n if vocab.sends else 0], dtype=torch.long, device=hs.device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(vocab.group))]
+    dist.all_gather(every, mine, group=vocab.group)
+    counts = [int(c) for c in every]
+    if sum(counts) == 0:
+        return None
+    start = sum(counts[:vocab.owner])
+    take = (start, start + n)
+
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _GatherRows.apply(x, vocab.sends, counts, vocab.group, take)  # type: ignore[no-untyped-call]
+        return out
+
+    with torch.no_grad():
+        ht_all, coef_all, tokens_all = gather(ht.detach()), gather(coef.detach()), gather(tokens)
+    res = reverse_kl(gather(hs), head, ht_all, wt, coef_all, estimator=estimator, tokens=tokens_all,
+                     chunk_size=chunk_size, group=vocab.group, vocab_start=vocab.start)
+    return res, slice(*take)
 
 
 @dataclass
@@ -107,19 +172,32 @@ def opd_backward(student: DeepSeekModel, batch: OPDBatch, pool: TeacherPool, *, 
     targets = batch.targets.reshape(-1).to(device)
     n = float(batch.tokens) if tokens is None else tokens
     head = out.head_weight if vocab is None else vocab.shard(out.head_weight)
-    group = None if vocab is None else vocab.group
     loss, kl, kl_n, ent, ent_n = 0.0, {}, {}, 0.0, 0
+    if vocab is not None:  # every teacher on every rank, in configuration order: the KL is a collective
+        mine = {g.label: g for g in groups}
+        groups = [mine.get(label) or Group(label, weights[label], torch.zeros(0, dtype=torch.long))
+                  for label in pool.labels]
     for g, ht, wt in pool.stream(groups):
         pos = g.positions.to(device)
-        coef = token_coefficients(torch.ones(pos.shape[0], device=device), g.weight, denominator=n)
-        res = reverse_kl(hs[pos], head, ht, wt, coef, estimator=estimator, tokens=targets[pos],
-                         chunk_size=chunk_size, group=group)
+        coef = (token_coefficients(torch.ones(pos.shape[0], device=device), g.weight, denominator=n) if n > 0
+                else torch.zeros(0, dtype=torch.float64, device=device))
+        if vocab is None:
+            res = reverse_kl(hs[pos], head, ht, wt, coef, estimator=estimator, tokens=targets[pos],
+                             chunk_size=chunk_size)
+            own = slice(0, pos.shape[0])
+        else:
+            part = vocab_parallel_kl(hs[pos], head, ht, wt, coef, targets[pos], vocab, estimator=estimator,
+                                     chunk_size=chunk_size)
+            if part is None:
+                continue
+            res, own = part
         torch.autograd.backward(res.loss)
-        loss += float(res.loss.detach())
-        kl[g.label] = float(res.kl.mean())
-        kl_n[g.label] = int(res.kl.numel())
-        ent += float(res.entropy.sum())
-        ent_n += res.entropy.numel()
+        if pos.shape[0]:
+            loss += float((res.kl[own] * coef.to(res.kl.dtype)).sum())
+            kl[g.label] = float(res.kl[own].mean())
+            kl_n[g.label] = pos.shape[0]
+            ent += float(res.entropy[own].sum())
+            ent_n += pos.shape[0]
         del ht, wt, res
     # Nothing scored on this rank: a zero gradient still runs the trunk's backward (its reductions are collective).
     torch.autograd.backward(flat, hs.grad if hs.grad is not None else torch.zeros_like(flat))

@@ -59,7 +59,7 @@ class OPDRanks:
     teachers: TeacherLayout | None = None
     """The layout the teachers are distributed by."""
     vocab: VocabParallel | None = None
-    """The vocabulary-parallel KL's group (tp > 1)."""
+    """The vocabulary-parallel KL over the data-parallel x tp ranks (more than one of them)."""
     replica: DecodeReplica | None = None
     """The whole model decoded on (tensor / expert parallelism)."""
     tp_group: Any = None

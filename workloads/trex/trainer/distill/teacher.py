@@ -11,8 +11,8 @@ and hidden states copied to the device through the copy engine while the current
 Under a parallel layout (:class:`TeacherLayout`) each teacher is distributed as the student is (tensor and expert
 parallelism, then FSDP2 shards: no rank holds a whole teacher) and every rank runs every teacher's trunk once per
 batch, in configuration order (a rank none of whose samples a teacher scores runs it on one dummy token: the
-trunk's forward holds collectives). The head each rank keeps on the host is its tensor-parallel rank's
-vocabulary shard, for the vocabulary-parallel KL.
+trunk's forward holds collectives). The head each rank keeps on the host is its share of the vocabulary over the
+data-parallel x tp ranks, cut from the FSDP2 shard it holds, for the vocabulary-parallel KL.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,28 +33,44 @@ if TYPE_CHECKING:
     from trex.trainer.model_args import ModelArgs
     from trex.trainer.parallel.mesh import Meshes, ParallelDims
 
+def vocab_rows(vocab: int, dims: ParallelDims, rep: int, shard: int, tp_rank: int) -> tuple[int, int]:
+    """The vocabulary rows [start, end) the rank at (dp_replicate, dp_shard, tp) coordinates scores in the
+    vocabulary-parallel KL: its FSDP2 shard's rows of a head (torch.chunk over dp_shard, as FSDP2 splits dim 0)
+    split evenly over that shard's dp_replicate x tp ranks, so each rank's rows lie inside the shard it holds."""
+    size = -(-vocab // dims.dp_shard)
+    first, last = min(shard * size, vocab), min((shard + 1) * size, vocab)
+    parts, part = dims.dp_replicate * dims.tp, rep * dims.tp + tp_rank
+    n = last - first
+    return first + part * n // parts, first + (part + 1) * n // parts
+
+
 def teacher_layout_problem(args: ModelArgs, dims: ParallelDims) -> str | None:
     """Why a teacher of shape ``args`` cannot be distributed by the student's degrees (None: it can)."""
     checks = [(dims.tp, args.num_heads, "tp", "attention head count"),
               (dims.ep, args.n_routed_experts, "ep", "routed expert count"),
-              (dims.etp, args.moe_intermediate_size, "etp", "expert hidden size"),
-              (dims.tp, args.vocab_size, "tp", "vocabulary (the KL is vocabulary-parallel over tp)")]
+              (dims.etp, args.moe_intermediate_size, "etp", "expert hidden size")]
     if args.attention == "csa":
         checks.append((dims.tp, args.o_groups, "tp", "output group count oGroups"))
     for degree, size, name, what in checks:
         if size % degree:
             return f"{name}={degree} does not divide the teacher's {what} {size}"
+    fewest = min(b - a for a, b in (vocab_rows(args.vocab_size, dims, r, s, t) for s in range(dims.dp_shard)
+                                    for r in range(dims.dp_replicate) for t in range(dims.tp)))
+    if fewest == 0:
+        return (f"the teacher's vocabulary {args.vocab_size} leaves a data-parallel x tp rank ({dims.dp} x "
+                f"{dims.tp}) no rows of the vocabulary-parallel KL")
     return None
 
 
 @dataclass
 class TeacherLayout:
-    """The student's parallel layout, which every teacher is distributed by (None in one process)."""
+    """The student's parallel layout, which every teacher is distributed by (None in one process), and this rank's
+    part of the vocabulary-parallel KL."""
 
     dims: ParallelDims
     meshes: Meshes
-    tp_group: Any
-    """The tensor-parallel group (the KL's vocabulary shards), None when tp = 1."""
+    rows: tuple[int, int] | None = None
+    """This rank's vocabulary rows [start, end) of the teachers' heads (:func:`vocab_rows`); None: all."""
 
     def load(self, directory: Path, dtype: torch.dtype, device: torch.device) -> DeepSeekModel:
         """The teacher in ``directory`` built on the meta device, distributed like the student and stored in ``dtype``
@@ -68,14 +84,20 @@ class TeacherLayout:
         return model
 
     def head(self, model: DeepSeekModel, dtype: torch.dtype) -> torch.Tensor:
-        """This rank's vocabulary shard of the teacher's head (a collective over the FSDP2 ranks), in ``dtype``."""
-        from torch.distributed.tensor import DTensor
+        """This rank's vocabulary rows of the teacher's head, in ``dtype``: taken from the FSDP2 shard it already
+        holds (:func:`vocab_rows` splits each FSDP2 shard's rows among its ranks), no collective and no whole head."""
+        from trex.trainer.parallel.init import local_indices
 
-        from trex.trainer.distill.kl import shard_rows
-
-        w = model.lm_head.weight.detach()
-        full = w.full_tensor() if isinstance(w, DTensor) else w
-        return (shard_rows(full, self.tp_group) if self.tp_group is not None else full).to(dtype).clone()
+        local, shape, index = local_indices(model.lm_head.weight.detach())
+        start, end = self.rows if self.rows is not None else (0, shape[0])
+        held = index[0]
+        first = 0 if held is None else int(held[0]) if held.numel() else shape[0]
+        if held is not None and not torch.equal(held, torch.arange(first, first + held.numel())):
+            raise ValueError("the teacher's head is not sharded in contiguous rows")
+        if start < first or end > first + local.shape[0]:
+            raise ValueError(f"vocabulary rows {start}..{end} are not inside this rank's head shard "
+                             f"{first}..{first + local.shape[0]}")
+        return local[start - first:end - first].to(dtype).clone()
 
 
 @dataclass
@@ -167,8 +189,9 @@ class TeacherPool:
             mine = {g.label: g for g in groups}
             for label in self.labels:
                 if label not in mine:
-                    self._load(self.teachers[label])(torch.zeros(self._rows(1), 1, dtype=torch.long,
-                                                                 device=self.device), logits=False)
+                    model = self._load(self.teachers[label])
+                    model(torch.zeros(self._rows(1), 1, dtype=torch.long, device=self.device), logits=False)
+                    _reshard(model)
                     continue
                 self._cache_hidden(mine[label], input_ids, length)
             return
@@ -189,6 +212,7 @@ class TeacherPool:
         rows = torch.tensor(g.samples + [g.samples[0]] * (self._rows(len(g.samples)) - len(g.samples)),
                             dtype=torch.long)
         out = model(input_ids[rows].to(self.device), logits=False)
+        _reshard(model)
         assert out.hidden is not None
         # Flat batch positions -> positions within the teacher's own rows.
         local = {s: i for i, s in enumerate(g.samples)}
@@ -202,7 +226,8 @@ class TeacherPool:
     def _start(self, g: Group) -> tuple[torch.Tensor, torch.Tensor, CopyHandle]:
         head = self.teachers[g.label].head
         assert head is not None, "teacher_pass loads every teacher it is given"
-        hidden = self.cache.get(g.label)
+        hidden = (self.cache.get(g.label) if g.samples else  # a rank without tokens for this teacher
+                  torch.empty((0, head.shape[1]), dtype=self.dtype))
         dst_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=self.device)
         dst_w = torch.empty(head.shape, dtype=head.dtype, device=self.device)
         handle = self.engine.copy_many([(dst_h, hidden), (dst_w, head)])
@@ -226,7 +251,8 @@ class TeacherPool:
             yield g, hidden, head
             del hidden, head
             self._on_device -= 1
-            self.cache.drop(g.label)
+            if g.samples:
+                self.cache.drop(g.label)
             if pending is None and i + 1 < len(groups):
                 pending = self._start(groups[i + 1])
 
@@ -238,6 +264,15 @@ class TeacherPool:
     def close(self) -> None:
         """Drop the cache's spill files."""
         self.cache.clear()
+
+
+def _reshard(model: DeepSeekModel) -> None:
+    """Free a distributed teacher's gathered root (embedding, head, norms) after its forward: FSDP2 keeps the root
+    gathered for a backward that a frozen teacher never runs."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.reshard()
 
 
 def teacher_groups(labels: Sequence[str], assigned: Sequence[Sequence[str]], mask: torch.Tensor,

@@ -230,13 +230,14 @@ class DeepSeekModel(nn.Module):
     # --- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 doc_ids: torch.Tensor | None = None, logits: bool = True,
-                cache: AttentionCache | None = None) -> ModelOutput:
+                cache: AttentionCache | None = None, mtp: bool = True) -> ModelOutput:
         """input_ids [B, T] -> ModelOutput. doc_ids [B, T] isolates packed documents; position_ids
         default to positions restarting per document (plain 0..T-1 without doc_ids). ``logits=False``
         skips the output head and returns the normed hidden states instead, so the loss can fuse the
         head with the cross-entropy and never hold [B, T, V] logits. ``cache`` (decoding): the tokens
         continue each row of the cache, every attention layer reads and extends it, and the MTP
-        modules are skipped (they do not change the trunk's logits)."""
+        modules are skipped (they do not change the trunk's logits). ``mtp=False`` skips them too, for
+        losses that read the trunk only (GRPO): their expert-count rows are zeros (no bias moves)."""
         b, t = input_ids.shape
         if cache is not None:
             position_ids = cache.positions(t)
@@ -260,13 +261,16 @@ class DeepSeekModel(nn.Module):
         if cache is not None:
             cache.advance(t)
         prev = x if self.args.attention == "csa" else h  # V4's MTP reads the trunk's streams, V3's its hidden
-        for k, mod in enumerate(self.mtp if cache is None else []):
+        for k, mod in enumerate(self.mtp if cache is None and mtp else []):
             assert isinstance(mod, MTPModule)
             shifted = torch.zeros_like(input_ids)
             shifted[:, : t - k - 1] = input_ids[:, k + 1:]
             prev, h = mod(prev, self.embed_tokens(shifted), ctx, shifted, acc)
             mtp_hidden.append(mod.norm(h))
         zero = upcast(hidden.new_zeros(()))
+        if cache is None and not mtp and acc.counts:
+            skipped = self.args.n_moe_layers - len(acc.counts)
+            acc.counts += [torch.zeros_like(acc.counts[0]) for _ in range(skipped)]
         return ModelOutput(
             logits=self.lm_head(hidden) if logits else None,
             mtp_logits=[self.lm_head(m) for m in mtp_hidden] if logits else [],

@@ -12,6 +12,7 @@ with newer weights) and padding are masked out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -93,6 +94,90 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[token] per position: logits [B, T, V] that predict tokens [B, T]."""
     return torch.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
                              dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+LOGPROB_CHUNK_BYTES = 4 << 20
+"""Logits per row chunk of the fused head + log-softmax on CPU (small enough to stay in cache)."""
+LOGPROB_DEVICE_CHUNK_BYTES = 256 << 20
+"""The same on accelerators, where larger chunks keep the GEMMs big and the chunk count low."""
+
+
+class _LinearTokenLogprobs(torch.autograd.Function):
+    """log softmax(h @ W^T / temperature)[token] per row without materialising [N, V]: the forward makes each row
+    chunk's logits, keeps only the picked logit and the log-sum-exp, and saves the inputs and the [N] log-sum-exps;
+    the backward makes each chunk's logits again and turns them into d/dz = g * (onehot - softmax) / temperature,
+    multiplied into both input gradients at once ([N, D] and [V, D], never [N, V])."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                compute_dtype: torch.dtype, rows: int) -> torch.Tensor:
+        acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+        n = h.shape[0]
+        out = torch.empty(n, dtype=acc, device=h.device)
+        lse = torch.empty(n, dtype=acc, device=h.device)
+        with torch.autocast(h.device.type, enabled=False):
+            wc = weight.to(compute_dtype)
+            for s in range(0, n, rows):
+                e = min(n, s + rows)
+                z = (h[s:e].to(compute_dtype) @ wc.T).to(acc).div_(temperature)
+                picked = z.gather(1, tokens[s:e, None]).squeeze(1)
+                top = z.amax(dim=-1)
+                lse[s:e] = top + z.sub_(top[:, None]).exp_().sum(dim=-1).log_()
+                out[s:e] = picked - lse[s:e]
+        ctx.save_for_backward(h, weight, tokens, lse)
+        ctx.temperature, ctx.compute_dtype, ctx.rows = temperature, compute_dtype, rows
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        h, weight, tokens, lse = ctx.saved_tensors
+        need_h, need_w = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+        cd, temperature, rows = ctx.compute_dtype, ctx.temperature, ctx.rows
+        acc = lse.dtype
+        n = h.shape[0]
+        grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        g_all = grad_out.to(acc)
+        with torch.autocast(h.device.type, enabled=False):
+            wc = weight.to(cd)
+            for s in range(0, n, rows):
+                e = min(n, s + rows)
+                hc = h[s:e].to(cd)
+                z = (hc @ wc.T).to(acc).div_(temperature)
+                g = g_all[s:e, None]
+                # d logp / d z = onehot - softmax; z = h W^T / temperature
+                d = z.sub_(lse[s:e, None]).exp_().mul_(-g)
+                d.scatter_add_(1, tokens[s:e, None], g)
+                dc = d.div_(temperature).to(cd)
+                if grad_h is not None:
+                    grad_h[s:e] = dc @ wc
+                if grad_w is not None:
+                    grad_w.add_(dc.T @ hc)
+        return (grad_h.to(h.dtype) if grad_h is not None else None,
+                grad_w.to(weight.dtype) if grad_w is not None else None, None, None, None, None)
+
+
+def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor,
+                          temperature: float = 1.0, chunk_rows: int | None = None) -> torch.Tensor:
+    """token_logprobs(hidden @ weight.T / temperature, tokens) fused with the head: hidden [..., D], weight [V, D],
+    tokens [...] -> log-probs [...] (fp32, float64 for a float64 model), with gradients to hidden and weight and no
+    [N, V] tensor kept for the backward. GEMMs run in the autocast dtype when autocast is on, softmax in >= fp32;
+    ``chunk_rows``: rows of logits made at once (default from a byte budget)."""
+    if hidden.shape[:-1] != tokens.shape or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} and tokens "
+                         f"{tuple(tokens.shape)} do not fit [..., D], [V, D] and [...]")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    kind = hidden.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
+    vocab = weight.shape[0]
+    if chunk_rows is None:
+        budget = LOGPROB_CHUNK_BYTES if kind == "cpu" else LOGPROB_DEVICE_CHUNK_BYTES
+        chunk_rows = max(1, budget // (8 * vocab))
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    out: torch.Tensor = _LinearTokenLogprobs.apply(  # type: ignore[no-untyped-call]
+        flat, weight, tokens.reshape(-1), float(temperature), dtype, max(1, chunk_rows))
+    return out.reshape(tokens.shape)
 
 
 def step_metrics(rewards: torch.Tensor, mask: torch.Tensor, out: GRPOLoss) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Mode grpo: rollouts of the step's prompts with the current weights, their verified rewards and the backward of
-the GRPO loss (trex.trainer.rl.step), against a frozen reference policy when the KL coefficient is not 0."""
+the GRPO loss (trex.trainer.rl.step), against a frozen reference policy, distributed like the student, when the KL
+coefficient is not 0."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from tokenizers import Tokenizer
 from torch import nn
 
 from trex.runtime.device import torch_dtype
-from trex.trainer.hf import load_hf_into
+from trex.trainer.config import TrainerConfig
+from trex.trainer.hf import load_hf_into, load_hf_sharded
 from trex.trainer.model import build_model
 from trex.trainer.objective import Outcome, RunContext, Series
 from trex.trainer.parallel.decode import DecodeReplica, decoding
+from trex.trainer.parallel.mesh import Meshes, ParallelDims
 from trex.trainer.rl.reward import Verifier
 from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, summary
 from trex.verify.items import Item
@@ -26,6 +30,31 @@ def grpo_record(st: GRPOStats) -> dict[str, float]:
             "clip_fraction": st.clip_fraction, "response_length": st.response_length,
             "rollout_seconds": st.rollout_seconds, "verify_seconds": st.verify_seconds,
             "rl_train_seconds": st.train_seconds}
+
+
+def build_reference(cfg: TrainerConfig, device: torch.device, dims: ParallelDims,
+                    meshes: Meshes | None) -> nn.Module | None:
+    """GRPO's frozen reference policy, or None when grpo.klCoef is 0 (nothing reads it): the run's initial weights
+    (its seed's initialisation, or checkpoint.initFromHf), rebuilt on every start so a resumed run keeps the same
+    reference. Under a parallel layout it is distributed as the student is (tensor and expert parallelism, FSDP2
+    shards materialised shard by shard, HF weights read slice by slice): no rank holds it whole. It is stored in the
+    model dtype (no fp32 masters), without gradients or optimizer."""
+    if cfg.grpo.kl_coef <= 0:
+        return None
+    dtype = torch_dtype(cfg.model.dtype)
+    source = cfg.checkpoint.init_from_hf
+    if meshes is None:
+        ref = build_model(cfg.model, device=device, dtype=dtype, seed=cfg.seed)
+        if source:
+            load_hf_into(ref, source)
+    else:
+        from trex.trainer.build import distributed_model
+
+        ref, _ = distributed_model(cfg.model.args, dims, meshes, dtype, device, cfg.seed, frozen=True)
+        if source:
+            load_hf_sharded(ref, source)
+    ref.requires_grad_(False)
+    return ref.eval()
 
 
 class GRPOObjective:
@@ -49,20 +78,9 @@ class GRPOObjective:
         return []
 
     def prepare(self) -> None:
-        """The frozen reference policy when the loss has a KL term."""
-        if self.ctx.cfg.grpo.kl_coef > 0:
-            self.reference = self._reference()
-
-    def _reference(self) -> nn.Module:
-        """GRPO's frozen reference policy: the run's initial weights (its seed's initialisation, or
-        checkpoint.initFromHf), rebuilt on every start so a resumed run keeps the same reference. One whole copy per
-        process, in the model dtype."""
-        cfg = self.ctx.cfg
-        ref = build_model(cfg.model, device=self.ctx.device, dtype=torch_dtype(cfg.model.dtype), seed=cfg.seed)
-        if cfg.checkpoint.init_from_hf:
-            load_hf_into(ref, cfg.checkpoint.init_from_hf)
-        ref.requires_grad_(False)
-        return ref.eval()
+        """The frozen reference policy when the loss has a KL term (none otherwise)."""
+        ctx = self.ctx
+        self.reference = build_reference(ctx.cfg, ctx.device, ctx.dims, ctx.meshes)
 
     def backward(self, model: nn.Module, step: int) -> Outcome:
         """Rollouts, rewards and the GRPO loss's backward of step ``step``."""

@@ -26,7 +26,7 @@ from torch import nn
 from trex.prompt_contract import END, EOS, PAD
 from trex.trainer.config import TrainerConfig
 from trex.trainer.parallel.decode import shared_over
-from trex.trainer.rl.grpo import group_advantages, grpo_loss, token_logprobs
+from trex.trainer.rl.grpo import group_advantages, grpo_loss, linear_token_logprobs
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.reward import OUTCOMES as VERIFIER_OUTCOMES
 from trex.trainer.rl.reward import ORVerifier, Reward, RewardWeights, Verifier
@@ -101,6 +101,29 @@ def pack(rollouts: Sequence[Rollout], pad: int) -> Batch:
         mask[i, p - 1:p - 1 + k] = True
         stale[i, p - 1:p - 1 + k] = torch.tensor(r.stale)
     return Batch(ids, targets, old, mask, stale)
+
+
+def output_logprobs(out: Any, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs [B, T] of ``targets`` under a ``logits=False`` forward's head at ``temperature``, fused and chunked
+    over the vocabulary (trex.trainer.rl.grpo.linear_token_logprobs: no [B, T, V] logits)."""
+    if out.hidden is None or out.head_weight is None:
+        raise ValueError("the forward must run with logits=False (hidden states and head weight)")
+    return linear_token_logprobs(out.hidden, out.head_weight, targets, temperature)
+
+
+def sampled_logprobs(model: Any, ids: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs [B, T] of ``targets`` after ``ids`` under ``model``'s trunk (MTP modules skipped: the loss reads
+    the trunk's head only)."""
+    return output_logprobs(model(ids, logits=False, mtp=False), targets, temperature)
+
+
+def reshard(model: Any) -> None:
+    """Free a frozen FSDP2 model's gathered root parameters after a forward (the root keeps them gathered for a
+    backward that a frozen model never runs); nothing for a plain model."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.reshard()
 
 
 def response_text(tok: Tokenizer, r: Rollout, stop_tokens: Sequence[int]) -> str:
@@ -216,11 +239,11 @@ class GRPORun:
             ref_logp = None
             if reference is not None and g.kl_coef > 0:
                 with torch.no_grad(), autocast():
-                    ref_out = reference(ids)
-                    ref_logp = token_logprobs(ref_out.logits / temperature, targets).double()
+                    ref_logp = sampled_logprobs(reference, ids, targets, temperature).double()
+                reshard(reference)
             with autocast():
-                out = model(ids)
-                logp = token_logprobs(out.logits / temperature, targets).double()
+                out = model(ids, logits=False, mtp=False)
+                logp = output_logprobs(out, targets, temperature).double()
             mask, st = batch.mask.to(device), batch.stale.to(device)
             if n == 0:  # across ranks the forward and backward still run: they hold collectives
                 loss = logp.sum() * 0.0
