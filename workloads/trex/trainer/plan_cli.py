@@ -112,14 +112,15 @@ def main(argv: list[str] | None = None, manifests: Mapping[str, ManifestReader] 
     args = _parser().parse_args(argv)
     try:
         cfg, world, device, capacity, problems = _load(args, manifests or {})
-        from trex.trainer.plan import Layout, gib, plan_memory
+        from trex.trainer.engine_plan import trainer_plan
+        from trex.trainer.plan import Layout, gib
         from trex.trainer.rules import parallelism_problems
 
         if parallelism_problems(cfg, world):
             for line in problems:
                 print(f"trex plan: {line}", file=sys.stderr)
             return 1
-        plan = plan_memory(cfg, world, device, capacity)
+        plan = trainer_plan(cfg, world, device, capacity)
     except ValueError as e:
         print(f"trex plan: error: {e}", file=sys.stderr)
         return 2
