@@ -574,7 +574,8 @@ class TrainImpl(_PodKind):
 
 
 def _ready_replicas(deployment: Manifest | None) -> int:
-    value = ((deployment or {}).get("status") or {}).get("readyReplicas")
+    """status.availableReplicas of a Deployment (ready for minReadySeconds, 0 here: ready), as the EvalJob reads it."""
+    value = ((deployment or {}).get("status") or {}).get("availableReplicas")
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
