@@ -123,8 +123,9 @@ def local_runner_problem(docs: list[dict[str, Any]]) -> str | None:
     """One line when a job needs what the local kubelet does not run: it starts pods as processes, not
     Deployments, so a TrainJob's spec.rollout.server would never become ready there."""
     for doc in docs:
-        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
-        if doc.get("kind") == "TrainJob" and isinstance(spec.get("rollout"), dict) and spec["rollout"].get("server"):
+        spec = doc.get("spec")
+        rollout = spec.get("rollout") if isinstance(spec, dict) else None
+        if doc.get("kind") == "TrainJob" and isinstance(rollout, dict) and rollout.get("server"):
             name = (doc.get("metadata") or {}).get("name")
             return (f"TrainJob/{name}: spec.rollout.server: the local runner runs pods as processes and starts no "
                     "Deployments; run it with --cluster, or set trainer.rollout.servers to vLLM servers you started")
