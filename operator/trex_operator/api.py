@@ -279,15 +279,40 @@ class RolloutServerSpec(TrexModel):
         """The share of each device vLLM uses: --gpu-memory-utilization in args, else vLLM's default."""
         from trex.trainer.engine_plan import VLLM_MEMORY_UTILIZATION
 
+        value = self._arg("--gpu-memory-utilization")
+        return VLLM_MEMORY_UTILIZATION if value is None else self._number(value, "--gpu-memory-utilization", float)
+
+    def max_model_len(self) -> int | None:
+        """The longest sequence a server takes: --max-model-len in args (None: the model's own)."""
+        value = self._arg("--max-model-len")
+        return None if value is None else int(self._number(value, "--max-model-len", int))
+
+    def _arg(self, name: str) -> str | None:
+        """The value of ``name`` in args (``--name value`` or ``--name=value``; the last one wins, as in argparse)."""
+        found = None
         for i, a in enumerate(self.args):
-            value = a.partition("=")[2] if a.startswith("--gpu-memory-utilization=") else \
-                self.args[i + 1] if a == "--gpu-memory-utilization" and i + 1 < len(self.args) else None
-            if value is not None:
-                try:
-                    return float(value)
-                except ValueError:
-                    raise ValueError(f"args: --gpu-memory-utilization {value!r} is not a number") from None
-        return VLLM_MEMORY_UTILIZATION
+            if a.startswith(name + "="):
+                found = a.partition("=")[2]
+            elif a == name and i + 1 < len(self.args):
+                found = self.args[i + 1]
+        return found
+
+    @staticmethod
+    def _number(value: str, name: str, kind: type[float] | type[int]) -> float:
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"args: {name} {value!r} is not {'a number' if kind is float else 'an integer'}") from None
+
+    @model_validator(mode="after")
+    def _args(self) -> RolloutServerSpec:
+        util = self.memory_utilization()
+        if not 0 < util <= 1:
+            raise ValueError(f"args: --gpu-memory-utilization {util} must be in (0, 1]")
+        n = self.max_model_len()
+        if n is not None and n <= 0:
+            raise ValueError(f"args: --max-model-len {n} must be positive")
+        return self
 
 
 class RolloutSpec(TrexModel):
@@ -370,7 +395,8 @@ class TrainJobSpec(CommonSpec):
         from trex.trainer.engine_plan import server_plan
         from trex.trainer.plan import gib
 
-        plan = server_plan(self.trainer, srv.devices_per_replica, srv.replicas, self.device(), srv.memory_utilization())
+        plan = server_plan(self.trainer, srv.devices_per_replica, srv.replicas, self.device(), srv.memory_utilization(),
+                           srv.max_model_len())
         if plan.fits is not False:
             return None
         return (f"rollout.server.devicesPerReplica: a server replica needs {gib(plan.total)} per device (weights "

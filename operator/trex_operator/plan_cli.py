@@ -49,8 +49,9 @@ def server_rows(doc: Any) -> tuple[str, list[tuple[str, str]], bool | None] | No
     if srv is None:
         return None
     device, util = spec.device(), srv.memory_utilization()
-    plan = server_plan(spec.trainer, srv.devices_per_replica, srv.replicas, device, util)
+    plan = server_plan(spec.trainer, srv.devices_per_replica, srv.replicas, device, util, srv.max_model_len())
     rows, context = rollout_rows(spec.trainer)
+    context = min(context, srv.max_model_len() or context)
     heading = (f"rollout servers: {srv.replicas} x {srv.devices_per_replica} x {device.name} "
                f"(tensor parallel {max(srv.devices_per_replica, 1)}), apart from the trainer's devices")
     table = [

@@ -190,6 +190,10 @@ def test_flash_examples_need_their_rollout_servers(name: str) -> None:
     (lambda s: s["volumes"].update(checkpoints={"emptyDir": True}), "spec.volumes.checkpoints: "),
     (lambda s: s["trainer"]["checkpoint"].pop("initFromHf"), "spec.rollout.server: vLLM starts from"),
     (lambda s: s["trainer"].update(mode="sft"), "spec.rollout.server: only modes grpo and opd"),
+    (lambda s: s["rollout"]["server"].update(args=["--gpu-memory-utilization=1.5"]),
+     "spec.rollout.server.args: --gpu-memory-utilization 1.5 must be in (0, 1]"),
+    (lambda s: s["rollout"]["server"].update(args=["--max-model-len", "4k"]),
+     "spec.rollout.server.args: --max-model-len '4k' is not an integer"),
 ])
 def test_what_cannot_run_is_one_line_naming_the_field(edit: Any, start: str) -> None:
     doc = body()

@@ -67,6 +67,9 @@ def test_server_plan_is_weights_over_devices_plus_the_engines_kv_cache() -> None
         model(torch.randint(0, 512, (rows, 12)), cache=cache)
     assert plan.kv_cache == sum(_tensor_bytes(s) for s in cache.states.values())
     assert plan.capacity == DEVICES["h100"].memory_bytes // 2 and plan.fits
+    # --max-model-len caps every response's context: 6 rows of 20 tokens
+    capped = server_plan(cfg, devices=4, replicas=2, device=DEVICES["h100"], max_model_len=20)
+    assert capped.kv_cache * 2 == plan.kv_cache and capped.weights == plan.weights
 
 
 def test_inprocess_replica_that_cannot_fit_is_refused_naming_the_engine() -> None:

@@ -71,11 +71,14 @@ class ServerPlan:
 
 
 def server_plan(cfg: TrainerConfig, devices: int, replicas: int, device: DeviceSku,
-                utilization: float = VLLM_MEMORY_UTILIZATION) -> ServerPlan:
+                utilization: float = VLLM_MEMORY_UTILIZATION, max_model_len: int | None = None) -> ServerPlan:
     """The per-device plan of a vLLM server replica on ``devices`` devices (tensor parallel) serving 1/``replicas``
-    of the step's rollouts of ``cfg``; ``devices`` 0 (a CPU server) holds the whole model."""
+    of the step's rollouts of ``cfg``, each at most ``max_model_len`` tokens (the server's --max-model-len) when
+    given; ``devices`` 0 (a CPU server) holds the whole model."""
     shards = max(devices, 1)
     rows, context = rollout_rows(cfg)
+    if max_model_len is not None:
+        context = min(context, max_model_len)
     kv = kv_cache_bytes(cfg.model.args, math.ceil(rows / replicas), context, DTYPE_BYTES[cfg.model.dtype])
     capacity = None if device.memory_bytes is None else int(device.memory_bytes * utilization)
     return ServerPlan(weights=math.ceil(whole_model_bytes(cfg) / shards), kv_cache=kv, devices=devices,
