@@ -32,7 +32,8 @@ DEFAULT_ROLLOUT_IMAGES: dict[str, str] = {
     "gpu": "vllm/vllm-openai:v0.32.0",
     "npu": "quay.io/ascend/vllm-ascend:v0.23.0",
 }
-"""Rollout server image per deviceType when spec.rollout.server.image is unset: vLLM on GPUs, vllm-ascend on NPUs."""
+"""Rollout server image per deviceType when spec.rollout.server.image is unset: vLLM on GPUs, vllm-ascend on NPUs
+(on Atlas A3 dies, deviceModel 910c, the release's -a3 build)."""
 NPU_DEVICES_PER_REPLICA = (1, 2, 4, 8, 16)
 QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 _SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
@@ -357,6 +358,14 @@ class TrainJobSpec(CommonSpec):
         urls = servers if servers is not None else [f"http://rollout-{i}:{srv.port}" for i in range(srv.replicas)]
         rollout = self.trainer.rollout.model_copy(update={"engine": "vllm", "servers": urls})
         return self.trainer.model_copy(update={"rollout": rollout})
+
+    def rollout_image(self) -> str:
+        """The rollout servers' image: rollout.server.image, else the default for the job's devices."""
+        srv = self.rollout.server
+        if srv is not None and srv.image is not None:
+            return srv.image
+        image = DEFAULT_ROLLOUT_IMAGES[self.device_type]
+        return f"{image}-a3" if self.device_model == "910c" else image
 
     def rollout_problem(self) -> str | None:
         """Why spec.rollout.server cannot run as asked (``field: message``), else None."""

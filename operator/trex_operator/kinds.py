@@ -11,7 +11,7 @@ from typing import Any
 from trex.kernels.config import KernelTuneConfig
 
 from trex_operator import ranktable
-from trex_operator.api import DEFAULT_ROLLOUT_IMAGES, LineageEntry, Progress, Results
+from trex_operator.api import LineageEntry, Progress, Results
 from trex_operator.children import (
     CONFIG_DIR,
     DEFAULT_MOUNTS,
@@ -394,7 +394,7 @@ class TrainImpl(_PodKind):
         out: list[Manifest] = []
         for i, name in enumerate(self.rollout_deployments(ctx)):
             container: dict[str, Any] = {
-                "name": "server", "image": srv.image or DEFAULT_ROLLOUT_IMAGES[spec.device_type],
+                "name": "server", "image": spec.rollout_image(),
                 "imagePullPolicy": spec.image_pull_policy, "command": ["vllm", "serve"],
                 "args": [model_path, "--host", "0.0.0.0", "--port", str(srv.port),
                          "--tensor-parallel-size", str(max(srv.devices_per_replica, 1)), *srv.args],
@@ -461,8 +461,10 @@ class TrainImpl(_PodKind):
         out: list[Manifest] = [config_map(job, config_map_name(job), data),
                                headless_service(job, [("dist", 29500), ("metrics", spec.metrics_port)])]
         if spec.rollout.server is not None and not spec.run_policy.suspend:
-            cfg = self.trainer_config(ctx)
-            out += self.rollout_servers(ctx, str(cfg["checkpoint"]["initFromHf"]))
+            initial = self.trainer_config(ctx)["checkpoint"]["initFromHf"]
+            if not isinstance(initial, str):  # validation requires modelFrom or initFromHf; modelFrom resolved it
+                raise ValueError("rollout.server: no initial Hugging Face folder for the servers")
+            out += self.rollout_servers(ctx, initial)
         return out + pod_group(ctx, spec.replicas)
 
     def _layout(self, ctx: Ctx) -> ranktable.Layout:

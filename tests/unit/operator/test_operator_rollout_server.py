@@ -100,6 +100,31 @@ def test_servers_render_as_deployments_and_a_service_the_trainer_addresses() -> 
     assert cfg["checkpoint"]["dir"].startswith(ckpt["mountPath"] + "/")
 
 
+def test_npu_servers_default_to_vllm_ascend_on_the_gangs_device_model() -> None:
+    doc = _flash("trainjob-v4-flash-grpo-npu.yaml")
+    doc["metadata"].update(namespace="ns", uid="u1")
+    obs = Observed(now=NOW, refs={("ORDataJob", "or-corpus"): _done("ORDataJob", "or-corpus"),
+                                  ("TrainJob", "v4-flash-or-sft"): _done("TrainJob", "v4-flash-or-sft")})
+    plan = plan_job(doc, obs)
+    deps = [m for m in plan.ensure if m["kind"] == "Deployment"]
+    assert len(deps) == 32
+    pod = deps[0]["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert c["image"] == "quay.io/ascend/vllm-ascend:v0.23.0-a3"  # the A3 build for 910C dies
+    assert c["resources"]["limits"]["huawei.com/Ascend910"] == "16"
+    assert pod["schedulerName"] == "volcano" and pod["nodeSelector"] == doc["spec"]["nodeSelector"]
+    assert c["args"][0] == "/refs/v4-flash-or-sft/ck/hf"  # modelFrom's final export, mounted read-only
+    assert {"name": "ref-0", "mountPath": "/refs/v4-flash-or-sft", "readOnly": True} in c["volumeMounts"]
+    assert not [m for m in plan.ensure if m["kind"] == "Pod"]
+
+
+def _done(kind: str, name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"volumes": {"checkpoints": {"claimName": "sft"}, "output": {"claimName": "out"}},
+                            "trainer": {"checkpoint": {"dir": "ck"}}}
+    return {"apiVersion": "trex.dev/v1alpha1", "kind": kind, "metadata": {"name": name, "uid": f"uid-{name}"},
+            "spec": spec, "status": {"phase": "Succeeded"}}
+
+
 def test_no_gang_pod_until_every_server_is_ready() -> None:
     first = run(body())
     assert not [m for m in first.ensure if m["kind"] == "Pod"]
