@@ -232,3 +232,21 @@ def test_the_local_runner_refuses_rollout_servers_in_one_line() -> None:
     line = local_runner_problem([body()])
     assert line is not None and "\n" not in line and "spec.rollout.server" in line
     assert local_runner_problem([{"kind": "TrainJob", "metadata": {"name": "x"}, "spec": {"trainer": {}}}]) is None
+
+
+def test_trex_plan_shows_the_servers_plan_on_their_own_devices(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from trex_operator.plan_cli import main as plan_main
+
+    assert plan_main([str(REPO / "examples" / "trainjob-v4-flash-grpo-npu.yaml")]) == 0
+    out = capsys.readouterr().out
+    trainer, servers = out.split("rollout servers: ")
+    assert "reference policy / decoding replica" not in trainer and "fit: yes" in trainer
+    assert servers.startswith("32 x 16 x Ascend 910C die (tensor parallel 16)")
+    assert "KV cache (128 responses x 8192 tokens)" in servers and "server fit: yes" in servers
+    doc = _flash("trainjob-v4-flash-grpo-npu.yaml")
+    doc["spec"]["rollout"]["server"]["devicesPerReplica"] = 8
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump(doc))
+    assert plan_main([str(small)]) == 1
+    assert "server fit: no" in capsys.readouterr().out
