@@ -250,3 +250,17 @@ def test_trex_plan_shows_the_servers_plan_on_their_own_devices(tmp_path: Path,
     small.write_text(yaml.safe_dump(doc))
     assert plan_main([str(small)]) == 1
     assert "server fit: no" in capsys.readouterr().out
+
+
+def test_an_eval_jobs_server_pod_is_not_taken_for_an_earlier_attempt() -> None:
+    # the gang's cleanup of earlier attempts once deleted every pod without an attempt label: the server's too
+    ej = {"apiVersion": "trex.dev/v1alpha1", "kind": "EvalJob", "metadata": {"name": "ej", "namespace": "ns", "uid": "u"},
+          "spec": {"evaluation": {"benchmarks": [{"name": "nl4opt", "path": "/data/a"}],
+                                  "model": {"kind": "openai", "name": "m"}},
+                   "server": {"image": "vllm/vllm-openai:v0.32.0"}}}
+    srv = {"metadata": {"name": "ej-server-abc", "labels": {"trex.dev/job-kind": "EvalJob", "trex.dev/job-name": "ej",
+                                                            "trex.dev/role": "server"}},
+           "spec": {}, "status": {"phase": "Running"}}
+    plan = plan_job(ej, Observed(now=NOW, pods=[srv], deployments={"ej-server": {"status": {"availableReplicas": 1}}}))
+    assert plan.delete == [] and plan.status["reason"] == "PodsCreated"
+    assert [m["metadata"]["name"] for m in plan.ensure if m["kind"] == "Pod"] == ["ej-eval-a0"]
