@@ -394,7 +394,8 @@ class TrainImpl(_PodKind):
         out: list[Manifest] = []
         for i, name in enumerate(self.rollout_deployments(ctx)):
             container: dict[str, Any] = {
-                "name": "server", "image": spec.rollout_image(),
+                "name": "server", "image": srv.image or ctx.observed.defaults.rollout_images.get(spec.device_type)
+                or spec.rollout_image(),
                 "imagePullPolicy": spec.image_pull_policy, "command": ["vllm", "serve"],
                 "args": [model_path, "--host", "0.0.0.0", "--port", str(srv.port),
                          "--tensor-parallel-size", str(max(srv.devices_per_replica, 1)), *srv.args],
