@@ -91,8 +91,7 @@ def test_inprocess_replica_that_cannot_fit_is_refused_naming_the_engine() -> Non
 
 
 def test_vllm_engine_without_servers_is_refused_naming_the_field() -> None:
-    problems = job_problems(_cfg(mode="grpo", rollout={"engine": "vllm"}), 1)
-    assert [p for p, _ in problems] == ["rollout.servers"]
-    assert "spec.rollout.server" in problems[0][1]
+    with pytest.raises(ValueError, match=r"servers: engine vllm needs at least one server URL"):
+        _cfg(mode="grpo", rollout={"engine": "vllm"})
     with pytest.raises(ValueError, match=r"servers\.0: 'localhost:8000' is not an http"):
         _cfg(rollout={"engine": "vllm", "servers": ["localhost:8000"]})

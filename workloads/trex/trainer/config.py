@@ -579,13 +579,15 @@ class RolloutConfig(TrexModel):
     servers: list[str] = Field(default_factory=list, max_length=256)
     """Base URLs of the vLLM servers (http://host:port), each one server the trainer pushes weights to."""
 
-    @field_validator("servers")
-    @classmethod
-    def _urls(cls, v: list[str]) -> list[str]:
-        for i, url in enumerate(v):
+    @model_validator(mode="after")
+    def _check(self) -> RolloutConfig:
+        if self.engine == "vllm" and not self.servers:
+            raise ValueError("servers: engine vllm needs at least one server URL (in a TrainJob, spec.rollout.server "
+                             "runs the servers and fills this in: leave engine unset there)")
+        for i, url in enumerate(self.servers):
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"servers.{i}: {url!r} is not an http:// or https:// URL")
-        return v
+                raise ValueError(f"servers.{i}: {url!r} is not an http(s) URL")
+        return self
 
 
 class TrainerConfig(TrexModel):

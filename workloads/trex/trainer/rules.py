@@ -52,7 +52,6 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     if local and not layout:
         p = cfg.parallelism
         out += local_problems(cfg, world_size // (p.tp * p.pp))
-    out += rollout_problems(cfg)
     if out or device is None or (capacity is None and device.memory_bytes is None):
         return out
     try:
@@ -157,14 +156,6 @@ def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
             out.append(("parallelism.tp", f"tp={p.tp} does not divide the vocabulary {m.vocab_size} (mode opd's KL "
                         "shards the vocabulary over tp)"))
     return out
-
-
-def rollout_problems(cfg: TrainerConfig) -> list[Problem]:
-    """rollout.engine vllm needs servers to roll out on (a TrainJob's spec.rollout.server fills them in)."""
-    if cfg.mode in ("grpo", "opd") and cfg.rollout.engine == "vllm" and not cfg.rollout.servers:
-        return [("rollout.servers", "engine 'vllm' needs at least one server URL; in a TrainJob set "
-                 "spec.rollout.server (the operator runs the vLLM servers and fills this in)")]
-    return []
 
 
 def inprocess_replica_problem(cfg: TrainerConfig, device: DeviceSku, capacity: int | None) -> Problem | None:
