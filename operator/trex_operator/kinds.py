@@ -56,6 +56,10 @@ from trex_operator.plan import ChildRef, Manifest
 from trex_operator.progress import EVAL_RATIO, ratio_progress, stalled, train_progress
 
 LAUNCHER = ["python", "-m", "trex.runtime.launch", "--"]
+SERVED_MODEL_NAME = "policy"
+"""The model name a rollout server serves the policy under (what the trainer's vLLM engine requests)."""
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+"""vLLM's --dtype for trainer.model.dtype: the servers compute in the trainer's dtype."""
 
 
 def bounded_name(base: str, suffix: str, limit: int = 63) -> str:
@@ -398,7 +402,12 @@ class TrainImpl(_PodKind):
                 or spec.rollout_image(),
                 "imagePullPolicy": spec.image_pull_policy, "command": ["vllm", "serve"],
                 "args": [model_path, "--host", "0.0.0.0", "--port", str(srv.port),
-                         "--tensor-parallel-size", str(max(srv.devices_per_replica, 1)), *srv.args],
+                         "--tensor-parallel-size", str(max(srv.devices_per_replica, 1)),
+                         "--dtype", VLLM_DTYPES[spec.trainer.model.dtype],
+                         # the name the trainer's requests use, and log-probs after temperature (its behaviour
+                         # log-probs); args after these override them
+                         "--served-model-name", SERVED_MODEL_NAME, "--logprobs-mode", "processed_logprobs",
+                         *srv.args],
                 # the weight-update endpoints (/collective_rpc reload_weights, /pause, /resume) are dev-mode only
                 "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
                 "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],

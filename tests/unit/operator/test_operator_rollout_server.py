@@ -90,7 +90,8 @@ def test_servers_render_as_deployments_and_a_service_the_trainer_addresses() -> 
         assert c["image"] == "vllm/vllm-openai:v0.32.0"  # the default on gpu
         assert c["command"] == ["vllm", "serve"]
         assert c["args"] == ["/checkpoints/sft/hf", "--host", "0.0.0.0", "--port", "8000",
-                             "--tensor-parallel-size", "2", "--max-model-len", "512"]
+                             "--tensor-parallel-size", "2", "--dtype", "float32", "--served-model-name", "policy",
+                             "--logprobs-mode", "processed_logprobs", "--max-model-len", "512"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
         assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in c["env"]
         ckpt = next(m for m in c["volumeMounts"] if m["name"] == "checkpoints")
