@@ -28,6 +28,12 @@ DEFAULT_IMAGES: dict[str, str] = {
 }
 """Built-in workload image per deviceType (the images/ builds); the operator's TREX_DEFAULT_IMAGE_* override them."""
 DEFAULT_IMAGE = DEFAULT_IMAGES["cpu"]
+DEFAULT_ROLLOUT_IMAGES: dict[str, str] = {
+    "gpu": "vllm/vllm-openai:v0.32.0",
+    "npu": "quay.io/ascend/vllm-ascend:v0.23.0",
+}
+"""Rollout server image per deviceType when spec.rollout.server.image is unset: vLLM on GPUs, vllm-ascend on NPUs
+(on Atlas A3 dies, deviceModel 910c, the release's -a3 build)."""
 NPU_DEVICES_PER_REPLICA = (1, 2, 4, 8, 16)
 QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 _SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
@@ -250,6 +256,73 @@ def memory_bytes(quantity: int | str) -> int:
     return int(float(m.group(1)) * _SUFFIX[m.group(2) or ""])
 
 
+class RolloutServerSpec(TrexModel):
+    """vLLM servers the operator runs beside the training gang (one Deployment per replica, one headless Service):
+    modes grpo and opd generate on them and push each step's weights to them."""
+
+    image: str | None = None
+    """Server image; unset = vLLM (vllm/vllm-openai) on gpu, vllm-ascend on npu (cpu needs one)."""
+    args: list[str] = Field(default_factory=list)
+    """Extra `vllm serve` arguments (after the model folder, port and tensor-parallel size the operator sets)."""
+    replicas: int = Field(default=1, gt=0, le=256)
+    """Server replicas; each is one URL in trainer.rollout.servers and receives every weight push."""
+    devices_per_replica: int = Field(default=1, ge=0, le=64)
+    """Accelerators per server replica (of the job's deviceType; vLLM's tensor-parallel size); counted apart from
+    the trainer's devices."""
+    port: int = Field(default=8000, ge=1024, le=65_535)
+    """Port of the OpenAI-compatible API."""
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    """Extra CPU/memory requests and limits per server pod."""
+    ready_timeout_seconds: int = Field(default=1800, gt=0, le=86400)
+    """A server not ready for this long (loading, crashing) fails the job instead of leaving it waiting (s)."""
+
+    def memory_utilization(self) -> float:
+        """The share of each device vLLM uses: --gpu-memory-utilization in args, else vLLM's default."""
+        from trex.trainer.engine_plan import VLLM_MEMORY_UTILIZATION
+
+        value = self._arg("--gpu-memory-utilization")
+        return VLLM_MEMORY_UTILIZATION if value is None else self._number(value, "--gpu-memory-utilization", float)
+
+    def max_model_len(self) -> int | None:
+        """The longest sequence a server takes: --max-model-len in args (None: the model's own)."""
+        value = self._arg("--max-model-len")
+        return None if value is None else int(self._number(value, "--max-model-len", int))
+
+    def _arg(self, name: str) -> str | None:
+        """The value of ``name`` in args (``--name value`` or ``--name=value``; the last one wins, as in argparse)."""
+        found = None
+        for i, a in enumerate(self.args):
+            if a.startswith(name + "="):
+                found = a.partition("=")[2]
+            elif a == name and i + 1 < len(self.args):
+                found = self.args[i + 1]
+        return found
+
+    @staticmethod
+    def _number(value: str, name: str, kind: type[float] | type[int]) -> float:
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"args: {name} {value!r} is not {'a number' if kind is float else 'an integer'}") from None
+
+    @model_validator(mode="after")
+    def _args(self) -> RolloutServerSpec:
+        util = self.memory_utilization()
+        if not 0 < util <= 1:
+            raise ValueError(f"args: --gpu-memory-utilization {util} must be in (0, 1]")
+        n = self.max_model_len()
+        if n is not None and n <= 0:
+            raise ValueError(f"args: --max-model-len {n} must be positive")
+        return self
+
+
+class RolloutSpec(TrexModel):
+    """Rollout infrastructure of modes grpo and opd."""
+
+    server: RolloutServerSpec | None = None
+    """Run vLLM servers for the job's lifetime (sets trainer.rollout.engine vllm and trainer.rollout.servers)."""
+
+
 DeviceModel = Literal["910b", "910c", "h100", "h200", "h800", "a100"]
 
 
@@ -269,10 +342,76 @@ class TrainJobSpec(CommonSpec):
     """Accelerator model the memory plan is checked against (`trex plan`): 910b, 910c (one die), h100, h200,
     h800 or a100; unset = 910b for npu, h100 for gpu. cpu jobs are checked against resources.limits.memory
     (else requests.memory) / devicesPerReplica, and not at all when neither is set."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """Rollout servers (modes grpo and opd): vLLM Deployments + a Service the operator runs beside the gang."""
 
     def device(self) -> DeviceSku:
         """The catalog entry of the devices this job runs on."""
         return DEVICES[self.device_model or DEFAULT_DEVICE_MODEL[self.device_type]]
+
+    def rollout_trainer(self, servers: list[str] | None = None) -> TrainerConfig:
+        """The trainer config the pods run: with rollout.server, engine vllm on ``servers`` (the operator passes the
+        servers' URLs; validation, which knows no job name, one URL per replica on the Service's port)."""
+        srv = self.rollout.server
+        if srv is None:
+            return self.trainer
+        urls = servers if servers is not None else [f"http://rollout-{i}:{srv.port}" for i in range(srv.replicas)]
+        rollout = self.trainer.rollout.model_copy(update={"engine": "vllm", "servers": urls})
+        return self.trainer.model_copy(update={"rollout": rollout})
+
+    def rollout_image(self) -> str:
+        """The rollout servers' image: rollout.server.image, else the default for the job's devices."""
+        srv = self.rollout.server
+        if srv is not None and srv.image is not None:
+            return srv.image
+        image = DEFAULT_ROLLOUT_IMAGES[self.device_type]
+        return f"{image}-a3" if self.device_model == "910c" else image
+
+    def rollout_problem(self) -> str | None:
+        """Why spec.rollout.server cannot run as asked (``field: message``), else None."""
+        srv, trainer = self.rollout.server, self.trainer
+        if srv is None:
+            return None
+        if trainer.mode not in ("grpo", "opd"):
+            return f"rollout.server: only modes grpo and opd roll out; trainer.mode is {trainer.mode!r}"
+        if trainer.rollout.servers:
+            return "trainer.rollout.servers: rollout.server fills it with its servers' URLs; set one of the two"
+        if "engine" in trainer.rollout.model_fields_set and trainer.rollout.engine != "vllm":
+            return "trainer.rollout.engine: rollout.server runs vLLM servers; set vllm or leave it unset"
+        if srv.image is None and self.device_type not in DEFAULT_ROLLOUT_IMAGES:
+            return (f"rollout.server.image: no default server image for deviceType {self.device_type!r} (vLLM on gpu, "
+                    "vllm-ascend on npu); set one")
+        if self.device_type != "cpu" and srv.devices_per_replica == 0:
+            return f"rollout.server.devicesPerReplica: a deviceType {self.device_type} server needs at least 1"
+        if self.device_type == "npu" and srv.devices_per_replica not in NPU_DEVICES_PER_REPLICA:
+            return (f"rollout.server.devicesPerReplica: {srv.devices_per_replica} is not allowed for deviceType npu; "
+                    f"allowed: {', '.join(map(str, NPU_DEVICES_PER_REPLICA))}")
+        ckpt = self.volumes.checkpoints
+        if ckpt is None or ckpt.empty_dir:
+            return ("volumes.checkpoints: rollout.server loads the weight folders the trainer writes to its checkpoint "
+                    "volume; set a claimName or hostPath both can mount")
+        if self.model_from is None and trainer.checkpoint.init_from_hf is None:
+            return ("rollout.server: vLLM starts from a Hugging Face folder; set modelFrom or "
+                    "trainer.checkpoint.initFromHf")
+        return None
+
+    def server_memory_problem(self) -> str | None:
+        """The rollout server's devices, planned apart from the trainer's: refused when one replica's weights
+        shard and KV cache exceed a device's memory x vLLM's memory utilization."""
+        srv = self.rollout.server
+        if srv is None or self.device_type == "cpu":
+            return None
+        from trex.trainer.engine_plan import server_plan
+        from trex.trainer.plan import gib
+
+        plan = server_plan(self.trainer, srv.devices_per_replica, srv.replicas, self.device(), srv.memory_utilization(),
+                           srv.max_model_len())
+        if plan.fits is not False:
+            return None
+        return (f"rollout.server.devicesPerReplica: a server replica needs {gib(plan.total)} per device (weights "
+                f"{gib(plan.weights)} over {plan.devices} devices + KV cache {gib(plan.kv_cache)}); {plan.device.name} "
+                f"allows {gib(plan.capacity or 0)} (x {srv.memory_utilization()} memory utilization): raise "
+                "devicesPerReplica or replicas")
 
     def device_capacity(self) -> int | None:
         """Bytes one trainer process may use: the device's memory; on cpu the pod's memory / devicesPerReplica."""
@@ -314,14 +453,20 @@ class TrainJobSpec(CommonSpec):
             raise ValueError(f"trainer.model.dtype: fp64 is for CPU reference runs; deviceType {self.device_type!r} "
                              "trains in fp32 or bf16")
         # `trex plan` reads a job that may break the trainer rules (context rules=False) to show its plan.
+        problem = self.rollout_problem()
+        if problem is not None:
+            raise ValueError(problem)
         if not (isinstance(info.context, dict) and info.context.get("rules") is False):
             capacity = self.device_capacity()
-            problems = job_problems(self.trainer, self.replicas * self.devices_per_replica,
+            problems = job_problems(self.rollout_trainer(), self.replicas * self.devices_per_replica,
                                     self.device() if capacity is not None else None, capacity,
                                     host_capacity=self.host_capacity(), load=self.model_from is not None or None)
             if problems:  # resources.limits.memory (the host rule) is the job's own field, the rest the trainer's
                 raise ValueError("\n".join(f"{'' if path.startswith('resources.') else 'trainer.'}{path}: {msg}"
                                             for path, msg in problems))
+            problem = self.server_memory_problem()
+            if problem is not None:
+                raise ValueError(problem)
         if self.data_from is not None and self.trainer.data.train is not None:
             raise ValueError("dataFrom: set either dataFrom or trainer.data.train, not both")
         return self

@@ -129,6 +129,31 @@ def _train_rules() -> list[CelRule]:
     ]
 
 
+def _rollout_rules() -> list[CelRule]:
+    """spec.rollout.server's cross-field rules (its memory plan stays with validate)."""
+    srv = f"!({present(TrainJobSpec, 'rollout.server')})"
+    servers = present(TrainJobSpec, "trainer.rollout.servers")
+    engine = present(TrainJobSpec, "trainer.rollout.engine")
+    return [
+        CelRule(f"{srv} || {value(TrainJobSpec, 'trainer.mode')} in ['grpo', 'opd']",
+                "rollout.server: only modes grpo and opd roll out"),
+        CelRule(f"{srv} || !({servers}) || size(self.trainer.rollout.servers) == 0",
+                "trainer.rollout.servers: rollout.server fills it with its servers' URLs; set one of the two"),
+        CelRule(f"{srv} || !({engine}) || self.trainer.rollout.engine == 'vllm'",
+                "trainer.rollout.engine: rollout.server runs vLLM servers; set vllm or leave it unset"),
+        CelRule(f"{srv} || {value(TrainJobSpec, 'deviceType')} != 'npu' || "
+                f"{value(TrainJobSpec, 'rollout.server.devicesPerReplica')} in {literal(list(NPU_DEVICES_PER_REPLICA))}",
+                "rollout.server.devicesPerReplica: not allowed for deviceType npu; allowed: "
+                + ", ".join(map(str, NPU_DEVICES_PER_REPLICA))),
+        CelRule(f"{srv} || ({present(TrainJobSpec, 'volumes.checkpoints')} && "
+                "!(has(self.volumes.checkpoints.emptyDir) && self.volumes.checkpoints.emptyDir))",
+                "volumes.checkpoints: rollout.server loads the weight folders the trainer writes to its checkpoint "
+                "volume; set a claimName or hostPath both can mount"),
+        CelRule(f"{srv} || has(self.modelFrom) || ({present(TrainJobSpec, 'trainer.checkpoint.initFromHf')})",
+                "rollout.server: vLLM starts from a Hugging Face folder; set modelFrom or trainer.checkpoint.initFromHf"),
+    ]
+
+
 def _eval_spec_rules() -> list[CelRule]:
     kind = value(EvalJobSpec, "evaluation.model.kind")
     return [
@@ -156,7 +181,7 @@ def rules() -> dict[type[BaseModel], list[CelRule]]:
             CelRule("(!has(self.hostPath) || self.hostPath.startsWith('/')) && "
                     "(!has(self.mountPath) || self.mountPath.startsWith('/'))", "mountPath: paths must be absolute"),
         ],
-        TrainJobSpec: _train_rules(),
+        TrainJobSpec: _train_rules() + _rollout_rules(),
         TrainerConfig: [
             CelRule(f"{value(TrainerConfig, 'data.globalBatchSize')} % {value(TrainerConfig, 'data.microBatchSize')} == 0",
                     "data.globalBatchSize: must be a multiple of data.microBatchSize"),

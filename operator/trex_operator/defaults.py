@@ -43,6 +43,9 @@ class ClusterDefaults:
 
     images: Mapping[str, str] = field(default_factory=_builtin_images)
     """Workload image per deviceType (cpu, gpu, npu) for jobs without spec.image."""
+    rollout_images: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Rollout server image per deviceType (gpu, npu) the administrator chose for TrainJobs whose
+    spec.rollout.server names none (unset: vLLM on gpu, vllm-ascend on npu)."""
     scrape_annotations: bool = False
     """Annotate workload pods with prometheus.io/scrape, /port and /path."""
     default_gang: Gang = "none"
@@ -99,11 +102,20 @@ class ClusterDefaults:
                 if not _IMAGE.match(value):
                     raise ValueError(f"environment variable {name}={value!r} is not an image reference")
                 images[device] = value
+        rollout_images = {}
+        for device in ("gpu", "npu"):
+            name = f"TREX_DEFAULT_ROLLOUT_IMAGE_{device.upper()}"
+            value = get(name)
+            if value is not None:
+                if not _IMAGE.match(value):
+                    raise ValueError(f"environment variable {name}={value!r} is not an image reference")
+                rollout_images[device] = value
         gang = get("TREX_DEFAULT_GANG")
         if gang is not None and gang not in GANGS:
             raise ValueError(f"environment variable TREX_DEFAULT_GANG={gang!r} must be one of {', '.join(GANGS)}")
         out = ClusterDefaults(
             images=MappingProxyType(images),
+            rollout_images=MappingProxyType(rollout_images),
             scrape_annotations=_bool(env, "TREX_SCRAPE_ANNOTATIONS", base.scrape_annotations),
             default_gang=gang if gang is not None else base.default_gang,
             volcano_enabled=_bool(env, "TREX_VOLCANO_ENABLED", base.volcano_enabled),

@@ -119,6 +119,19 @@ def load_quickstart(examples: Path, quick: bool) -> list[dict[str, Any]]:
     return sorted(docs, key=lambda d: rank.get(str(d.get("kind")), len(rank)))
 
 
+def local_runner_problem(docs: list[dict[str, Any]]) -> str | None:
+    """One line when a job needs what the local kubelet does not run: it starts pods as processes, not
+    Deployments, so a TrainJob's spec.rollout.server would never become ready there."""
+    for doc in docs:
+        spec = doc.get("spec")
+        rollout = spec.get("rollout") if isinstance(spec, dict) else None
+        if doc.get("kind") == "TrainJob" and isinstance(rollout, dict) and rollout.get("server"):
+            name = (doc.get("metadata") or {}).get("name")
+            return (f"TrainJob/{name}: spec.rollout.server: the local runner runs pods as processes and starts no "
+                    "Deployments; run it with --cluster, or set trainer.rollout.servers to vLLM servers you started")
+    return None
+
+
 def prepare_work_dir(work_dir: Path) -> None:
     """Start from an empty work dir (old checkpoints or reports would be resumed); only a previous demo's
     folder (with its marker file) or an empty one is cleared."""
@@ -724,6 +737,10 @@ def main(argv: list[str]) -> int:
             return 2
         except KeyboardInterrupt:
             return 130
+    problem = local_runner_problem(docs)
+    if problem is not None:
+        print(f"trex demo: {problem}", file=sys.stderr)
+        return 2
     try:
         with _interrupt_on_signals():
             return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep,

@@ -17,7 +17,7 @@ from trex.config_base import format_validation_error
 
 from trex_operator import refgraph
 from trex_operator.api import KINDS, CommonSpec, JobStatus
-from trex_operator.children import LABEL_ATTEMPT, LABEL_INDEX, JobCtx
+from trex_operator.children import LABEL_ATTEMPT, LABEL_INDEX, LABEL_ROLE, JobCtx
 from trex_operator.defaults import EffectiveGang, GangError, effective_gang
 from trex_operator.lifecycle import (
     FATAL_CAUSES,
@@ -298,9 +298,18 @@ def spec_hash(pod: Manifest) -> str:
     return hashlib.sha256(json.dumps([pod.get("spec"), config], sort_keys=True).encode()).hexdigest()[:16]
 
 
+SERVER_ROLE = "server"
+"""trex.dev/role of model-server pods (a Deployment's, outside the gang and its attempts)."""
+
+
+def gang_pods(pods: list[Manifest]) -> list[Manifest]:
+    """The pods of the worker gang: every observed pod except the model servers' (their Deployments own them)."""
+    return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) != SERVER_ROLE]
+
+
 def current_pods(ctx: Ctx) -> list[Manifest]:
-    """Observed pods of the current attempt."""
-    return [p for p in ctx.observed.pods if pod_attempt(p) == ctx.status.attempt]
+    """Observed gang pods of the current attempt."""
+    return [p for p in gang_pods(ctx.observed.pods) if pod_attempt(p) == ctx.status.attempt]
 
 
 def run_gang(ctx: Ctx, impl: KindImpl, desired: list[Manifest], resume_step: int | None) -> dict[str, PodState] | None:
@@ -310,7 +319,7 @@ def run_gang(ctx: Ctx, impl: KindImpl, desired: list[Manifest], resume_step: int
     decides success and progress), or None when this pass created, restarted or finished.
     """
     st = ctx.status
-    old = [p for p in ctx.observed.pods if (pod_attempt(p) or 0) < st.attempt or pod_attempt(p) is None]
+    old = [p for p in gang_pods(ctx.observed.pods) if (pod_attempt(p) or 0) < st.attempt or pod_attempt(p) is None]
     cur = current_pods(ctx)
     if old:
         ctx.plan.delete.extend(ChildRef("v1", "Pod", pod_name(p)) for p in old)

@@ -14,7 +14,9 @@ from trex_operator import ranktable
 from trex_operator.api import LineageEntry, Progress, Results
 from trex_operator.children import (
     CONFIG_DIR,
+    DEFAULT_MOUNTS,
     KERNELS_DIR,
+    LABEL_INDEX,
     LABEL_ROLE,
     JobCtx,
     RefMount,
@@ -39,19 +41,25 @@ from trex_operator.children import (
     volume_source,
 )
 from trex_operator.engine import (
+    SERVER_ROLE,
     Ctx,
     KindImpl,
     current_pods,
     finish,
+    gang_pods,
     pod_index,
     pod_refs,
     run_gang,
 )
-from trex_operator.lifecycle import PodState, classify_pod, condition, iso, set_condition
+from trex_operator.lifecycle import PodState, classify_pod, condition, iso, parse_time, set_condition
 from trex_operator.plan import ChildRef, Manifest
 from trex_operator.progress import EVAL_RATIO, ratio_progress, stalled, train_progress
 
 LAUNCHER = ["python", "-m", "trex.runtime.launch", "--"]
+SERVED_MODEL_NAME = "policy"
+"""The model name a rollout server serves the policy under (what the trainer's vLLM engine requests)."""
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+"""vLLM's --dtype for trainer.model.dtype: the servers compute in the trainer's dtype."""
 
 
 def bounded_name(base: str, suffix: str, limit: int = 63) -> str:
@@ -178,16 +186,46 @@ class _PodKind:
     """Shared parts of the pod-based kinds."""
 
     def workers(self, ctx: Ctx, running_only: bool) -> list[ChildRef]:
-        return pod_refs(ctx.observed.pods, running_only)
+        return pod_refs(gang_pods(ctx.observed.pods), running_only)
 
     def suspended(self, ctx: Ctx) -> bool:
-        return not ctx.observed.pods
+        return not gang_pods(ctx.observed.pods)
 
     def finished(self, ctx: Ctx) -> None:
         return None
 
     def ref_problem(self, ctx: Ctx) -> str | None:
         return None
+
+
+def server_deployment(ctx: Ctx, name: str, container: dict[str, Any], devices: int, requests: dict[str, Any],
+                      limits: dict[str, Any], vols: list[dict[str, Any]], mounts: list[dict[str, Any]],
+                      pod_fields: dict[str, Any] | None = None, labels: dict[str, str] | None = None) -> Manifest:
+    """A one-replica Deployment of a model server (role server, outside the gang): ``container`` with the job's
+    devices, placement and tolerations, a third-party image's own user but no token or privileges."""
+    spec, job = ctx.model.spec, ctx.job
+    extra = {LABEL_ROLE: SERVER_ROLE, **(labels or {})}
+    pod_labels = child_labels(job, **extra)
+    container["securityContext"] = container_security_context()
+    res = pod_resources(spec, devices if spec.device_type != "cpu" else 0, ctx.observed.defaults, requests, limits)
+    if res:
+        container["resources"] = res
+    pod_spec: dict[str, Any] = {"containers": [container], "automountServiceAccountToken": False,
+                                "securityContext": pod_security_context(image_user=False), **(pod_fields or {})}
+    if vols:
+        pod_spec["volumes"] = vols
+        container["volumeMounts"] = mounts
+    selector = ranktable.node_selector(spec, ctx.observed.defaults)
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if spec.device_type == "npu" and devices and ctx.gang.gang == "volcano":
+        pod_spec["schedulerName"] = "volcano"  # MindCluster's device plugin serves only Volcano-placed pods
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    sel = {**selector_labels(job), **extra}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(job, name, pod_labels),
+            "spec": {"replicas": 1, "selector": {"matchLabels": sel},
+                     "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec}}}
 
 
 # ---- modelFrom (TrainJob and EvalJob) -----------------------------------------------------------
@@ -314,7 +352,116 @@ class TrainImpl(_PodKind):
                 cfg["data"]["tokenizer"]["path"] = posixpath.join(path, "tokenizer.json")
         mounts = storage_mounts(spec)
         cfg["checkpoint"]["dir"] = _resolve(cfg["checkpoint"]["dir"], mounts.get("checkpoints"))
+        if spec.rollout.server is not None:
+            cfg["rollout"] = {**cfg["rollout"], "engine": "vllm", "servers": self.rollout_urls(ctx)}
         return cfg
+
+    # ---- rollout servers (spec.rollout.server) ----
+
+    @staticmethod
+    def rollout_service(job: JobCtx) -> str:
+        """The headless Service the rollout servers' hostnames resolve under."""
+        return bounded_name(service_name(job), "rollout")
+
+    @staticmethod
+    def rollout_deployments(ctx: Ctx) -> list[str]:
+        """One Deployment per server replica, so every URL names one server (each takes every weight push)."""
+        srv = ctx.model.spec.rollout.server
+        return [bounded_name(ctx.job.name, f"rollout-{i}") for i in range(srv.replicas if srv is not None else 0)]
+
+    def rollout_urls(self, ctx: Ctx) -> list[str]:
+        """trainer.rollout.servers: http://rollout-<i>.<service>.<namespace>.svc:<port>, one per server."""
+        srv = ctx.model.spec.rollout.server
+        assert srv is not None
+        svc = self.rollout_service(ctx.job)
+        return [f"http://rollout-{i}.{svc}.{ctx.job.namespace}.svc:{srv.port}" for i in range(srv.replicas)]
+
+    def rollout_servers(self, ctx: Ctx, model_path: str) -> list[Manifest]:
+        """The vLLM Deployments (one replica each, hostname rollout-<i>) and their headless Service. Each server
+        starts from ``model_path`` (the initial Hugging Face export) and mounts the job's checkpoint volume read-only
+        at the trainer's mount path, where the trainer writes the weight folders it asks them to reload."""
+        spec, job = ctx.model.spec, ctx.job
+        srv = spec.rollout.server
+        assert srv is not None and spec.volumes.checkpoints is not None  # validated (rollout_problem)
+        ckpt = spec.volumes.checkpoints
+        vols: list[dict[str, Any]] = [{"name": "checkpoints", **volume_source(ckpt)}]
+        mounts: list[dict[str, Any]] = [{"name": "checkpoints", "readOnly": True,
+                                         "mountPath": ckpt.mount_path or DEFAULT_MOUNTS["checkpoints"]}]
+        ref = model_mount(ctx, spec.model_from)
+        if ref is not None:
+            vols.append({"name": "ref-0", **ref.source})
+            mounts.append({"name": "ref-0", "mountPath": ref.mount_path, "readOnly": True})
+        if spec.device_type != "cpu":  # tensor-parallel workers share tensors through /dev/shm
+            vols.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+            mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        svc = self.rollout_service(job)
+        out: list[Manifest] = []
+        for i, name in enumerate(self.rollout_deployments(ctx)):
+            container: dict[str, Any] = {
+                "name": "server", "image": srv.image or ctx.observed.defaults.rollout_images.get(spec.device_type)
+                or spec.rollout_image(),
+                "imagePullPolicy": spec.image_pull_policy, "command": ["vllm", "serve"],
+                "args": [model_path, "--host", "0.0.0.0", "--port", str(srv.port),
+                         "--tensor-parallel-size", str(max(srv.devices_per_replica, 1)),
+                         "--dtype", VLLM_DTYPES[spec.trainer.model.dtype],
+                         # the name the trainer's requests use, and log-probs after temperature (its behaviour
+                         # log-probs); args after these override them
+                         "--served-model-name", SERVED_MODEL_NAME, "--logprobs-mode", "processed_logprobs",
+                         *srv.args],
+                # the weight-update endpoints (/collective_rpc reload_weights, /pause, /resume) are dev-mode only
+                "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
+                "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],
+                "readinessProbe": {"httpGet": {"path": "/health", "port": srv.port}, "periodSeconds": 10},
+            }
+            out.append(server_deployment(ctx, name, container, srv.devices_per_replica, srv.resources.requests,
+                                         srv.resources.limits, vols, mounts,
+                                         {"hostname": f"rollout-{i}", "subdomain": svc}, {LABEL_INDEX: str(i)}))
+        labels = child_labels(job, **{LABEL_ROLE: SERVER_ROLE})
+        out.append({"apiVersion": "v1", "kind": "Service", "metadata": metadata(job, svc, labels),
+                    "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                             "selector": {**selector_labels(job), LABEL_ROLE: SERVER_ROLE},
+                             "ports": [{"name": "http", "port": srv.port, "targetPort": srv.port, "protocol": "TCP"}]}})
+        return out
+
+    def rollout_gate(self, ctx: Ctx) -> bool:
+        """Whether the gang may run: every rollout server is ready (condition RolloutServerReady). A server pod that
+        crash-loops or cannot pull its image, or servers not ready for readyTimeoutSeconds, fail the job (a
+        condition and a Warning Event, not a wait without end); servers that drop out under a running gang are a
+        condition and an Event while the trainer's client waits for them."""
+        st, srv = ctx.status, ctx.model.spec.rollout.server
+        if srv is None:
+            return True
+        names = self.rollout_deployments(ctx)
+        ready = sum(1 for n in names if _ready_replicas(ctx.observed.deployments.get(n)) >= 1)
+        broken = _broken_server(ctx.observed.pods)
+        if broken is not None:
+            reason, message = broken
+            set_condition(st, "RolloutServerReady", "False", reason, message, ctx.now, ctx.generation)
+            finish(ctx, self, "Failed", "RolloutServerFailed", f"rollout server {message}")
+            return False
+        before = condition(st, "RolloutServerReady")
+        was_ready = before is not None and before.status == "True"
+        if ready == len(names):
+            if set_condition(st, "RolloutServerReady", "True", "ServersReady", f"{ready}/{len(names)} rollout "
+                             "server(s) ready", ctx.now, ctx.generation) and not was_ready:
+                ctx.event("Normal", "RolloutServerReady", f"{ready} rollout server(s) ready")
+            return True
+        message = f"{ready}/{len(names)} rollout server(s) ready"
+        set_condition(st, "RolloutServerReady", "False", "ServersNotReady", message, ctx.now, ctx.generation)
+        since = parse_time(condition(st, "RolloutServerReady").last_transition_time)
+        if since is not None and (ctx.now - since).total_seconds() > srv.ready_timeout_seconds:
+            finish(ctx, self, "Failed", "RolloutServerNotReady", f"{message} after "
+                   f"rollout.server.readyTimeoutSeconds={srv.ready_timeout_seconds}s")
+            return False
+        if current_pods(ctx):  # a running gang keeps running: its client waits and resumes from the token log
+            if was_ready:
+                ctx.event("Warning", "RolloutServerNotReady", message)
+            return True
+        if st.start_time is None:
+            st.start_time = iso(ctx.now)
+        if st.phase != "Starting" or st.reason != "WaitingForRolloutServer":
+            ctx.move("Starting", "WaitingForRolloutServer", f"waiting for the rollout servers: {message}")
+        return False
 
     def children(self, ctx: Ctx) -> list[Manifest]:
         spec, job = ctx.model.spec, ctx.job
@@ -323,6 +470,11 @@ class TrainImpl(_PodKind):
             data[ctx.observed.defaults.rank_table_file_name] = to_json(self._rank_table(ctx))
         out: list[Manifest] = [config_map(job, config_map_name(job), data),
                                headless_service(job, [("dist", 29500), ("metrics", spec.metrics_port)])]
+        if spec.rollout.server is not None and not spec.run_policy.suspend:
+            initial = self.trainer_config(ctx)["checkpoint"]["initFromHf"]
+            if not isinstance(initial, str):  # validation requires modelFrom or initFromHf; modelFrom resolved it
+                raise ValueError("rollout.server: no initial Hugging Face folder for the servers")
+            out += self.rollout_servers(ctx, initial)
         return out + pod_group(ctx, spec.replicas)
 
     def _layout(self, ctx: Ctx) -> ranktable.Layout:
@@ -391,6 +543,8 @@ class TrainImpl(_PodKind):
             # a node's NPU NIC has no address: HCCL cannot connect, and no restart changes the annotation
             finish(ctx, self, "Failed", "DeviceIPMissing", missing_ip.message or "a device has no IP")
             return
+        if not self.rollout_gate(ctx):
+            return
         states = run_gang(ctx, self, self.pods(ctx), st.progress.resume_step)
         if states is None:
             return
@@ -412,6 +566,56 @@ class TrainImpl(_PodKind):
             elif any(c.type == "Stalled" and c.status == "True" for c in st.conditions):
                 set_condition(st, "Stalled", "False", "Progressing", "the step advances again", ctx.now,
                               ctx.generation)
+
+    def workers(self, ctx: Ctx, running_only: bool) -> list[ChildRef]:
+        """The gang's pods, and on suspend (all workers) the rollout servers' Deployments, which hold devices."""
+        out = pod_refs(gang_pods(ctx.observed.pods), running_only)
+        if not running_only:
+            out += [ChildRef("apps/v1", "Deployment", n) for n in ctx.observed.deployments]
+        return out
+
+    def suspended(self, ctx: Ctx) -> bool:
+        return not ctx.observed.pods
+
+    def finished(self, ctx: Ctx) -> None:
+        """Release the rollout servers (Deployments and their Service) once the job is done."""
+        refs = [ChildRef("apps/v1", "Deployment", n) for n in ctx.observed.deployments]
+        if refs:
+            refs.append(ChildRef("v1", "Service", self.rollout_service(ctx.job)))
+        ctx.plan.delete.extend(r for r in refs if r not in ctx.plan.delete)
+
+
+def _ready_replicas(deployment: Manifest | None) -> int:
+    """status.availableReplicas of a Deployment (ready for minReadySeconds, 0 here: ready), as the EvalJob reads it."""
+    value = ((deployment or {}).get("status") or {}).get("availableReplicas")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+_SERVER_FAILURES = ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                    "CreateContainerConfigError", "CreateContainerError")
+
+
+def _broken_server(pods: list[Manifest]) -> tuple[str, str] | None:
+    """(reason, message) of the first model-server pod that cannot become ready without a change: its container
+    crash-loops or its image or container config is refused."""
+    for p in pods:
+        meta = p.get("metadata") or {}
+        if (meta.get("labels") or {}).get(LABEL_ROLE) != SERVER_ROLE:
+            continue
+        for c in (p.get("status") or {}).get("containerStatuses") or []:
+            waiting = ((c.get("state") or {}) if isinstance(c, dict) else {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason in _SERVER_FAILURES:
+                restarts = c.get("restartCount", 0)
+                detail = f"; last exit: {_last_exit(c)}" if reason == "CrashLoopBackOff" else ""
+                return str(reason), (f"pod {meta.get('name', '?')}: {reason} (restarts {restarts}){detail}: "
+                                     f"{waiting.get('message', '')}".rstrip(": "))
+    return None
+
+
+def _last_exit(container_status: dict[str, Any]) -> str:
+    term = (container_status.get("lastState") or {}).get("terminated") or {}
+    return f"exit code {term.get('exitCode', '?')} ({term.get('reason') or 'Error'})"
 
 
 # ---- KernelTuneJob -----------------------------------------------------------------------------
@@ -622,7 +826,6 @@ class EvalImpl(_PodKind):
         spec, job = ctx.model.spec, ctx.job
         srv = spec.server
         name = self.server_name(job)
-        labels = child_labels(job, **{LABEL_ROLE: "server"})
         args = list(srv.args)
         path = self.model_path(ctx)
         if path is not None:
@@ -631,36 +834,21 @@ class EvalImpl(_PodKind):
             "name": "server", "image": srv.image, "imagePullPolicy": spec.image_pull_policy, "args": args,
             "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],
             "readinessProbe": {"tcpSocket": {"port": srv.port}, "periodSeconds": 10},
-            "securityContext": container_security_context(),
         }
-        res = pod_resources(spec, srv.devices if spec.device_type != "cpu" else 0, ctx.observed.defaults,
-                            srv.resources.requests, srv.resources.limits)
-        if res:
-            container["resources"] = res
-        # a third-party server image: its own user (not forced non-root), but no token or privileges
-        pod_spec: dict[str, Any] = {"containers": [container], "automountServiceAccountToken": False,
-                                    "securityContext": pod_security_context(image_user=False)}
+        vols: list[dict[str, Any]] = []
+        mounts: list[dict[str, Any]] = []
         refs = self.refs_mounts(ctx)
         checkpoints = spec.volumes.checkpoints
         if path is not None and refs:
-            pod_spec["volumes"] = [{"name": f"ref-{i}", **r.source} for i, r in enumerate(refs)]
-            container["volumeMounts"] = [{"name": f"ref-{i}", "mountPath": r.mount_path, "readOnly": True}
-                                         for i, r in enumerate(refs)]
+            vols = [{"name": f"ref-{i}", **r.source} for i, r in enumerate(refs)]
+            mounts = [{"name": f"ref-{i}", "mountPath": r.mount_path, "readOnly": True} for i, r in enumerate(refs)]
         elif path is not None and checkpoints is not None:
-            pod_spec["volumes"] = [{"name": "checkpoints", **volume_source(checkpoints)}]
-            container["volumeMounts"] = [{"name": "checkpoints", "mountPath": checkpoints.mount_path or "/checkpoints",
-                                          "readOnly": True}]
-        selector = ranktable.node_selector(spec, ctx.observed.defaults)
-        if selector:
-            pod_spec["nodeSelector"] = selector
-        if spec.device_type == "npu" and srv.devices and ctx.gang.gang == "volcano":
-            pod_spec["schedulerName"] = "volcano"  # MindCluster's device plugin serves only Volcano-placed pods
-        if spec.tolerations:
-            pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
-        sel = {**selector_labels(job), LABEL_ROLE: "server"}
-        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(job, name, labels),
-                      "spec": {"replicas": 1, "selector": {"matchLabels": sel},
-                               "template": {"metadata": {"labels": labels}, "spec": pod_spec}}}
+            vols = [{"name": "checkpoints", **volume_source(checkpoints)}]
+            mounts = [{"name": "checkpoints", "mountPath": checkpoints.mount_path or "/checkpoints", "readOnly": True}]
+        deployment = server_deployment(ctx, name, container, srv.devices, srv.resources.requests,
+                                       srv.resources.limits, vols, mounts)
+        labels = child_labels(job, **{LABEL_ROLE: SERVER_ROLE})
+        sel = {**selector_labels(job), LABEL_ROLE: SERVER_ROLE}
         service = {"apiVersion": "v1", "kind": "Service", "metadata": metadata(job, name, labels),
                    "spec": {"selector": sel, "ports": [{"name": "http", "port": srv.port, "targetPort": srv.port,
                                                         "protocol": "TCP"}]}}
@@ -707,14 +895,6 @@ class EvalImpl(_PodKind):
             return
         if all(s.phase in ("Running", "Succeeded") for s in states.values()) and st.phase != "Running":
             ctx.move("Running", "AllPodsRunning", "evaluating")
-
-    def workers(self, ctx: Ctx, running_only: bool) -> list[ChildRef]:
-        return pod_refs([p for p in ctx.observed.pods if (p.get("metadata") or {}).get("labels", {}).get(LABEL_ROLE)
-                         != "server"], running_only)
-
-    def suspended(self, ctx: Ctx) -> bool:
-        return not [p for p in ctx.observed.pods
-                    if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) != "server"]
 
     def finished(self, ctx: Ctx) -> None:
         name = self.server_name(ctx.job)

@@ -22,7 +22,7 @@ It polls the API (the kmock emulator in `trex demo`), and for each pod:
 The Job controller part creates the pods of batch Jobs (Indexed ones with JOB_COMPLETION_INDEX),
 honours parallelism, completions, backoffLimit and backoffLimitPerIndex, and writes the Job's status
 (active, succeeded, failed, completed/failed indexes, Complete/Failed conditions). Deployments are
-not started (the quickstart's EvalJob has no model server).
+not started (the quickstart's EvalJob has no model server; `trex demo` refuses a TrainJob's rollout.server).
 """
 
 from __future__ import annotations

@@ -156,6 +156,8 @@ INVALID_EXPECT = {
     "17-kernel-dtype-missing.yaml": ("spec.kernels.dtypes", "npu-ascendc has no bf16 template for any kernel"),
     "17-think-max-without-prompt.yaml": ("spec.evaluation.thinkMaxPrompt", "required when reasoningMode is think-max"),
     "18-host-memory.yaml": ("spec.resources.limits.memory", "phase export needs 4.88 GiB of host memory per rank"),
+    "18-grpo-inprocess-replica.yaml": ("spec.trainer.rollout.engine", "decodes on a whole unsharded replica per rank"),
+    "19-vllm-without-servers.yaml": ("spec.trainer.rollout.servers", "engine vllm needs at least one server URL"),
 }
 
 

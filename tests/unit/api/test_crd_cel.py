@@ -102,6 +102,11 @@ def _with(base: dict[str, Any], path: str, v: Any) -> dict[str, Any]:
     return out
 
 
+ROLLOUT: dict[str, Any] = {
+    "deviceType": "gpu", "volumes": {"checkpoints": {"claimName": "ck"}}, "rollout": {"server": {"devicesPerReplica": 1}},
+    "trainer": {"mode": "grpo", "data": {"train": "/data/p.jsonl"}, "checkpoint": {"initFromHf": "/checkpoints/hf"}}}
+
+
 # (kind, spec, the field both must name)
 REJECTED: list[tuple[str, dict[str, Any], str]] = [
     ("TrainJob", _with(_with(TRAIN, "replicas", 3), "trainer.parallelism", {"pp": 2}), "spec.trainer.parallelism.pp"),
@@ -129,6 +134,13 @@ REJECTED: list[tuple[str, dict[str, Any], str]] = [
     ("TrainJob", _with(TRAIN, "volumes", {"checkpoints": {}}), "spec.volumes.checkpoints.claimName"),
     ("TrainJob", _with(TRAIN, "volumes", {"checkpoints": {"hostPath": "relative"}}),
      "spec.volumes.checkpoints.mountPath"),
+    ("TrainJob", _with(ROLLOUT, "trainer.mode", "sft"), "spec.rollout.server"),
+    ("TrainJob", _with(ROLLOUT, "trainer.rollout", {"servers": ["http://s:8000"]}), "spec.trainer.rollout.servers"),
+    ("TrainJob", _with(ROLLOUT, "trainer.rollout", {"engine": "inprocess"}), "spec.trainer.rollout.engine"),
+    ("TrainJob", _with({**ROLLOUT, "deviceType": "npu"}, "rollout.server.devicesPerReplica", 6),
+     "spec.rollout.server.devicesPerReplica"),
+    ("TrainJob", _with(ROLLOUT, "volumes", {"checkpoints": {"emptyDir": True}}), "spec.volumes.checkpoints"),
+    ("TrainJob", _with(ROLLOUT, "trainer.checkpoint", {}), "spec.rollout.server"),
     ("KernelTuneJob", _with(KERNELS, "kernels.backend", "cuda-triton"), "spec.deviceType"),
     ("KernelTuneJob", _with(KERNELS, "kernels.suite", "none"), "spec.kernels.kernels"),
     ("ORDataJob", _with(ORDATA, "ordata.families", [{"name": "diet", "size": {"min": 5, "max": 3}}]),

@@ -569,6 +569,27 @@ class OPDConfig(TrexModel):
         return self
 
 
+class RolloutConfig(TrexModel):
+    """Where modes grpo and opd sample their responses: in this process (a whole decoding replica per rank) or on
+    vLLM servers the trainer pushes its weights to after each optimizer step."""
+
+    engine: Literal["inprocess", "vllm"] = "inprocess"
+    """inprocess: decode on a whole unsharded replica per rank (small models, the reference); vllm: generate on the
+    OpenAI-compatible vLLM servers in ``servers`` (in a TrainJob, spec.rollout.server runs them and fills it in)."""
+    servers: list[str] = Field(default_factory=list, max_length=256)
+    """Base URLs of the vLLM servers (http://host:port), each one server the trainer pushes weights to."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutConfig:
+        if self.engine == "vllm" and not self.servers:
+            raise ValueError("servers: engine vllm needs at least one server URL (in a TrainJob, spec.rollout.server "
+                             "runs the servers and fills this in: leave engine unset there)")
+        for i, url in enumerate(self.servers):
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"servers.{i}: {url!r} is not an http(s) URL")
+        return self
+
+
 class TrainerConfig(TrexModel):
     """One training run."""
 
@@ -609,6 +630,8 @@ class TrainerConfig(TrexModel):
     """mode grpo: rollouts, rewards and the GRPO objective."""
     opd: OPDConfig = Field(default_factory=OPDConfig)
     """On-policy distillation (mode opd): teachers, estimator, prompts and sampling."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Rollout engine of modes grpo and opd: in process or vLLM servers."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

@@ -146,14 +146,15 @@ def main(argv: list[str] | None = None, manifests: Mapping[str, ManifestReader] 
     args = _parser().parse_args(argv)
     try:
         (cfg, world, device, capacity, host, load), problems = _load(args, manifests or {})
-        from trex.trainer.plan import Layout, gib, plan_lifecycle, plan_memory
+        from trex.trainer.engine_plan import trainer_plan
+        from trex.trainer.plan import Layout, gib, plan_lifecycle
         from trex.trainer.rules import parallelism_problems
 
         if parallelism_problems(cfg, world):
             for line in problems:
                 print(f"trex plan: {line}", file=sys.stderr)
             return 1
-        plan = plan_memory(cfg, world, device, capacity)
+        plan = trainer_plan(cfg, world, device, capacity)
         life = plan_lifecycle(cfg, world, plan, host, args.source_quant or source_quant(cfg), load)
     except ValueError as e:
         print(f"trex plan: error: {e}", file=sys.stderr)

@@ -15,9 +15,10 @@ from pathlib import Path
 from trex.trainer.config import OPDConfig, TrainerConfig
 from trex.trainer.data.sources import DataError, jsonl_files
 from trex.trainer.distill.folders import resolve_teacher_dir
+from trex.trainer.engine_plan import trainer_plan, whole_model_bytes
 from trex.trainer.hf import check_hf_compatible
 from trex.trainer.mfu import DeviceSku
-from trex.trainer.plan import MemoryPlan, gib, plan_lifecycle, plan_memory, with_swap
+from trex.trainer.plan import MemoryPlan, gib, plan_lifecycle, with_swap
 
 Problem = tuple[str, str]
 """(dotted camelCase field path, message)."""
@@ -57,9 +58,12 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     if out or device is None or (capacity is None and device.memory_bytes is None):
         return out
     try:
-        plan = plan_memory(cfg, world_size, device, capacity)
+        plan = trainer_plan(cfg, world_size, device, capacity)
+        replica = inprocess_replica_problem(cfg, device, capacity if capacity is not None else device.memory_bytes)
     except ValueError as e:
         return [("model.overrides", str(e))]
+    if replica is not None:
+        return [replica]
     if plan.fits:
         return out + host_problems(cfg, world_size, plan, host_capacity, load)
     has = f"{device.name} has {gib(plan.capacity or 0)}"
@@ -172,6 +176,19 @@ def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
             out.append(("parallelism.tp", f"tp={p.tp} does not divide the vocabulary {m.vocab_size} (mode opd's KL "
                         "shards the vocabulary over tp)"))
     return out
+
+
+def inprocess_replica_problem(cfg: TrainerConfig, device: DeviceSku, capacity: int | None) -> Problem | None:
+    """The in-process engine decodes on a whole unsharded replica per rank (DecodeReplica): refused when that
+    replica alone exceeds the device, with the vLLM engine as the fix."""
+    if cfg.mode not in ("grpo", "opd") or cfg.rollout.engine != "inprocess" or capacity is None:
+        return None
+    whole = whole_model_bytes(cfg)
+    if whole <= capacity:
+        return None
+    return ("rollout.engine", f"'inprocess' decodes on a whole unsharded replica per rank ({gib(whole)} in "
+            f"model.dtype); {device.name} has {gib(capacity)}: set trainer.rollout.engine: vllm and "
+            "spec.rollout.server (vLLM servers shard the model over their own devices)")
 
 
 def local_problems(cfg: TrainerConfig, dp: int = 1) -> list[Problem]:
