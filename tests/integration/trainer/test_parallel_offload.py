@@ -1,5 +1,5 @@
 """trainer.activationOffload at 2 ranks (spawn, gloo): on dp2 (FSDP2 wraps the checkpointed blocks before the
-offload wraps them) and on ep2 (the dispatch all-to-alls run again in the recomputed backward), three steps with
+offload wraps them), on ep2 (the dispatch all-to-alls run again in the recomputed backward) and on tp2, three steps with
 recompute full and offload equal the same run without offload bit for bit: losses and every parameter."""
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
 
 STEPS = 3
-LAYOUTS: dict[str, dict[str, Any]] = {"dp2": {}, "ep2": {"ep": 2}}
+LAYOUTS: dict[str, dict[str, Any]] = {"dp2": {}, "ep2": {"ep": 2}, "tp2": {"tp": 2}}
 
 
 def _cfg(ckpt: Path, layout: dict[str, Any], offload: bool) -> TrainerConfig:
     return load_section(TrainerConfig, {
         "model": {"preset": "tiny", "dtype": "fp64", "overrides": {"mtpDepth": 1}}, "maxSteps": STEPS,
         "recompute": "full", "activationOffload": offload, "parallelism": layout,
-        "data": {"seqLen": 16, "microBatchSize": 1, "globalBatchSize": 4},
+        "data": {"seqLen": 16, "microBatchSize": 2, "globalBatchSize": 4},
         "optimizer": {"schedule": {"warmupSteps": 1}}, "stability": {"enabled": False},
         "checkpoint": {"dir": str(ckpt), "intervalSteps": 100, "exportHf": False},
     })

@@ -58,7 +58,9 @@ class BlockInputOffload:
         self._last: weakref.ref[_Saved] | None = None
 
     def hooks(self, x: torch.Tensor) -> torch.autograd.graph.saved_tensors_hooks:
-        """Saved-tensor hooks that move ``x`` (and nothing else) to host memory when autograd saves it."""
+        """Saved-tensor hooks that move ``x`` (and nothing else) to host memory when autograd saves it. Only a
+        plain tensor moves (the hidden states of every layout the trainer runs are); a tensor subclass such as a
+        DTensor stays on the device."""
         def pack(t: torch.Tensor) -> Any:
             return self._offload(t) if t is x and type(t) is torch.Tensor else t
 
