@@ -76,6 +76,7 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
     if layout.meshes is None:
         model = build_model(cfg.model, device=device.torch_device(), dtype=dtype, seed=cfg.seed)
         apply_recompute(model, cfg.recompute)
+        offload_activations(model, cfg)
         opts = build_optimizers(model, dict(model.param_roles()), cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
         return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind, model=model), None)
     from trex.trainer.parallel.muon import ShardedOrthogonalize
@@ -84,10 +85,20 @@ def build_model_and_optimizers(cfg: TrainerConfig, device: DeviceInfo, layout: L
                                         device.torch_device(), cfg.seed,
                                         reshard_after_forward=cfg.parallelism.reshard_after_forward,
                                         recompute=cfg.recompute)
+    offload_activations(model, cfg)
     opts = build_optimizers(model, dict(model.param_roles()), cfg.optimizer, ns_dtype=ns_dtype(cfg, device.kind))
     if opts.muon is not None:
         opts.muon.orthogonalize = ShardedOrthogonalize(cfg.optimizer.muon.distributed, layout.muon_group)
     return Built(model, with_swap(opts, cfg.optimizer.swap, device.kind, model=model), parallel)
+
+
+def offload_activations(model: DeepSeekModel, cfg: TrainerConfig) -> None:
+    """trainer.activationOffload: the block inputs full recompute keeps go to host memory (after recompute and,
+    when distributed, after FSDP2 wrapped the blocks: the offload wraps the checkpointed forward)."""
+    if cfg.activation_offload:
+        from trex.trainer.parallel.offload import apply_activation_offload
+
+        apply_activation_offload(model, cfg.recompute)
 
 
 def distributed_model(args: ModelArgs, dims: ParallelDims, meshes: Meshes, dtype: torch.dtype, device: torch.device,

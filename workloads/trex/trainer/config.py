@@ -626,6 +626,9 @@ class TrainerConfig(TrexModel):
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recompute (torch.utils.checkpoint): selective recomputes the attention and the routed
     experts (with their token dispatch) in the backward, full every transformer block."""
+    activation_offload: bool = False
+    """With recompute full: the block inputs it keeps move to host memory after the forward and stream back for the
+    backward (pinned buffers and a side copy stream on accelerators), so the device holds one or two of them."""
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     """mode grpo: rollouts, rewards and the GRPO objective."""
     opd: OPDConfig = Field(default_factory=OPDConfig)

@@ -228,6 +228,9 @@ class MemoryPlan:
     """The sampling modes' whole-model copies (grpo's reference policy; the decoding replica under tp / ep)."""
     rollout: int = 0
     """Transient while decoding: the FSDP2 units gathered for the whole rollout (FSDP2 alone) and the KV cache."""
+    offloaded: int = 0
+    """Block inputs in host memory (trainer.activationOffload): every block's, already taken out of
+    ``activations`` but for the two in flight."""
 
     @property
     def device_params(self) -> int:
@@ -326,6 +329,16 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     return int(total)
 
 
+def offload_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: int, act: int) -> tuple[int, int]:
+    """trainer.activationOffload under recompute full: (bytes of every block's input, which move to host memory;
+    bytes of the two of them in flight on the device: the one the backward recomputes and the one prefetched,
+    or in the forward the one being copied out while the next is saved). A block input is the residual (the mHC
+    streams) of the micro-batch's tokens on this rank, as :func:`activation_bytes` counts it."""
+    per_block = max(int(v["hc_mult"]), 1) * int(v["hidden_size"]) * act * micro_batch * seq_len
+    n_blocks = int(v["num_layers"]) + int(v["mtp_depth"])
+    return n_blocks * per_block, min(2, n_blocks) * per_block
+
+
 def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int | None = None) -> MemoryPlan:
     """The per-device plan of ``cfg`` on ``world`` ranks of ``device`` (``capacity`` defaults to the
     device's memory). Assumes parallelism_problems(cfg, world) is empty."""
@@ -376,7 +389,7 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
     largest_state = max([local[p.name] * store * ((1 if p.role == "muon" else 2) + (p.name in held))
                          for p in c.params]
                         + [_largest_bucket(c.params, lay) * store * (2 if held else 1)])
-    return MemoryPlan(
+    plan = MemoryPlan(
         params=n_params * store, grads=n_params * store, muon_state=muon * store, adamw_state=2 * adamw * store,
         buffers=c.buffer_bytes, activations=activation_bytes(values, lay, cfg.data.micro_batch_size, seq, act,
                                      attention_probs=device.device_type == "cpu", recompute=cfg.recompute),
@@ -386,6 +399,17 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         capacity=device.memory_bytes if capacity is None else capacity, world=world,
         **sampling_bytes(cfg, values, c, lay, world),
     )
+    return with_offload(plan, cfg, values, lay, seq, act)
+
+
+def with_offload(plan: MemoryPlan, cfg: TrainerConfig, values: Mapping[str, Any], lay: Layout, seq: int,
+                 act: int) -> MemoryPlan:
+    """``plan`` with trainer.activationOffload: the block inputs leave the device activations (but for the two in
+    flight) and are counted as ``offloaded`` host bytes (unchanged without offload)."""
+    if not cfg.activation_offload or plan.recompute != "full":
+        return plan
+    moved, in_flight = offload_bytes(values, lay, cfg.data.micro_batch_size, seq, act)
+    return replace(plan, activations=plan.activations - moved + in_flight, offloaded=moved)
 
 
 def _fsdp_ranks(p: ParamInfo, lay: Layout) -> int:
@@ -644,8 +668,10 @@ def lifecycle_phases(params: tuple[ParamInfo, ...], lay: Layout, mem: MemoryPlan
         what = f"folder {src}" + ("" if source else " assumed (unknown here: an upper bound)")
         out.append(PhasePlan("load", resident + buffer, sum(b for _, b in boxes), 0,
                              f"local boxes of the HF folder ({what}); one box buffer {gib(buffer)}"))
-    step_host = resident + (mem.total - mem.persistent if on_host else 0)
+    step_host = resident + (mem.total - mem.persistent if on_host else 0) + mem.offloaded
     host_note = "swap: fp32 masters + optimizer states in host memory" if mem.swap else "no host-side state"
+    if mem.offloaded:
+        host_note += f"; offloaded block inputs {gib(mem.offloaded)}"
     out.append(PhasePlan("step", step_host, tokens_per_step * token_bytes, 0,
                          f"{host_note}; reads one step's token windows"))
     shards = mem.params + mem.muon_state + mem.adamw_state

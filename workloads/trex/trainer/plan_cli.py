@@ -130,6 +130,8 @@ def rows(plan: Any) -> list[tuple[str, str]]:
     out += [
         ("buffers", gib(plan.buffers)),
         (f"activations (one micro-batch, recompute {plan.recompute})", gib(plan.activations)),
+        *([("block inputs offloaded to host memory (activationOffload)", gib(plan.offloaded))]
+          if plan.offloaded else []),
         ("FSDP gathers (transient)", gib(plan.fsdp_gather)),
         ("communication buffers (transient)", gib(plan.comm_buffers)),
         ("optimizer step (transient)", gib(plan.optimizer_transient)),

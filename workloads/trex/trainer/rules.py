@@ -48,7 +48,7 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     ranks) every phase of the lifecycle plan fits it (host_problems; ``load``: the job starts from a Hugging Face
     folder, default checkpoint.initFromHf is set). Empty means valid."""
     layout = parallelism_problems(cfg, world_size)
-    out = layout + support_problems(cfg) + rl_layout_problems(cfg, world_size)
+    out = layout + support_problems(cfg) + offload_problems(cfg) + rl_layout_problems(cfg, world_size)
     if cfg.kernels.registry and Path(cfg.kernels.registry).is_file():  # readable here: it must cover the run
         from trex.trainer.kernels import registry_problem
         out += [p for p in [registry_problem(cfg)] if p is not None]
@@ -148,6 +148,15 @@ def support_problems(cfg: TrainerConfig) -> list[Problem]:
         out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
                     "set 1"))
     return out
+
+
+def offload_problems(cfg: TrainerConfig) -> list[Problem]:
+    """trainer.activationOffload needs recompute full: it offloads the block inputs, which only full recompute
+    reduces a block's saved tensors to."""
+    if not cfg.activation_offload or cfg.recompute == "full":
+        return []
+    return [("activationOffload", f"needs recompute: full (got {cfg.recompute}): it moves to host memory the block "
+             "inputs full recompute keeps; with less recompute the blocks keep their insides on the device")]
 
 
 def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
