@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from trex.trainer.config import TrainerConfig, resolved_model_values
 from trex.trainer.mfu import DeviceSku
-from trex.trainer.plan import MemoryPlan, census, kv_cache_bytes, plan_memory
+from trex.trainer.plan import Layout, MemoryPlan, census, kv_cache_bytes, plan_memory, reference_bytes
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp64": 8}
 VLLM_MEMORY_UTILIZATION = 0.9
@@ -29,12 +29,13 @@ def whole_model_bytes(cfg: TrainerConfig) -> int:
 
 def trainer_plan(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int | None = None) -> MemoryPlan:
     """The trainer's per-device plan (trex.trainer.plan.plan_memory); with ``rollout.engine: vllm`` the sampling
-    modes keep only grpo's reference policy (klCoef > 0) and no rollout transient (no replica, no KV cache)."""
+    modes keep only grpo's sharded reference policy (klCoef > 0) and no rollout transient (no replica, no KV
+    cache)."""
     plan = plan_memory(cfg, world, device, capacity)
     if cfg.mode not in ("grpo", "opd") or cfg.rollout.engine != "vllm":
         return plan
-    reference = cfg.mode == "grpo" and cfg.grpo.kl_coef > 0
-    return replace(plan, sampling=whole_model_bytes(cfg) if reference else 0, rollout=0)
+    lay = Layout.of(cfg, world)
+    return replace(plan, sampling=reference_bytes(cfg, census(resolved_model_values(cfg.model)), lay, world), rollout=0)
 
 
 def rollout_rows(cfg: TrainerConfig) -> tuple[int, int]:

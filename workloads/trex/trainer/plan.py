@@ -225,7 +225,7 @@ class MemoryPlan:
     world: int
     """Ranks of the run."""
     sampling: int = 0
-    """The sampling modes' whole-model copies (grpo's reference policy; the decoding replica under tp / ep)."""
+    """The sampling modes' model copies (grpo's reference policy, sharded; the whole decoding replica under tp / ep)."""
     rollout: int = 0
     """Transient while decoding: the FSDP2 units gathered for the whole rollout (FSDP2 alone) and the KV cache."""
     offloaded: int = 0
@@ -417,10 +417,20 @@ def _fsdp_ranks(p: ParamInfo, lay: Layout) -> int:
     return {"experts": lay.edp, "moe": lay.dp * lay.tp}.get(p.placement, lay.dp)
 
 
+def reference_bytes(cfg: TrainerConfig, c: Census, lay: Layout, world: int) -> int:
+    """Bytes per rank of grpo's reference policy (0 when klCoef is 0): distributed like the student (its local
+    shards in model.dtype, frozen: no masters, gradients or states) plus the buffers; whole in one process."""
+    if cfg.mode != "grpo" or cfg.grpo.kl_coef == 0:
+        return 0
+    params = sum(math.prod(local_shape(p, lay)) for p in c.params) if world > 1 else c.total
+    return params * _DTYPE_BYTES[cfg.model.dtype] + c.buffer_bytes
+
+
 def sampling_bytes(cfg: TrainerConfig, values: Mapping[str, Any], c: Census, lay: Layout,
                    world: int) -> dict[str, int]:
     """What modes grpo and opd hold besides training, per rank: ``sampling`` (persistent: grpo's reference policy
-    when klCoef > 0, and under tp / ep the decoding replica, each the whole model in model.dtype) and ``rollout``
+    when klCoef > 0, sharded like the student, and under tp / ep the decoding replica, the whole model in
+    model.dtype) and ``rollout``
     (transient: with FSDP2 alone every unit gathered for the whole rollout, plus the KV cache of this rank's
     samples at min(maxSeqLen, data.seqLen + maxNewTokens) tokens, exact for mla and an upper bound for the
     DeepSeek-V4 stack). opd's teachers are not planned: their shapes are only known once their folders exist."""
@@ -429,8 +439,7 @@ def sampling_bytes(cfg: TrainerConfig, values: Mapping[str, Any], c: Census, lay
     model_bytes = _DTYPE_BYTES[cfg.model.dtype]
     whole = c.total * model_bytes + c.buffer_bytes
     replica = world > 1 and lay.tp * lay.ep * lay.etp > 1
-    reference = cfg.mode == "grpo" and cfg.grpo.kl_coef > 0
-    sampling = whole * (int(reference) + int(replica))
+    sampling = reference_bytes(cfg, c, lay, world) + whole * int(replica)
     if cfg.mode == "grpo":
         prompts, samples, new = cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.max_new_tokens
     else:
