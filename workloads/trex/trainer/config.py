@@ -138,7 +138,7 @@ class ParallelismConfig(TrexModel):
     """Parallel degrees. Attention mesh: dp x cp x tp x pp; MoE mesh (folded): edp x ep x etp x pp, same world."""
 
     dp: int | None = Field(default=None, gt=0, le=65_536)
-    """Data-parallel degree; unset = world / (cp x tp x pp)."""
+    """Data-parallel degree; unset = world / (cp x tp x pp) (leave it unset under cp > 1)."""
     tp: int = Field(default=1, gt=0, le=64)
     """Tensor-parallel degree of attention and dense layers."""
     pp: int = Field(default=1, gt=0, le=128)

@@ -89,10 +89,13 @@ def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
         out.append((f"{base}.tp", f"tp x pp = {p.tp * p.pp} does not divide the world size {world_size}"))
     elif world_size // (p.tp * p.pp) % p.cp:
         out.append((f"{base}.cp", f"cp={p.cp} does not divide world / (tp x pp) = {world_size // (p.tp * p.pp)}"))
-    elif p.dp is not None and p.dp * p.cp * p.tp * p.pp != world_size:
+    elif p.dp is not None and p.cp > 1:
+        out.append((f"{base}.dp", f"leave dp unset under cp > 1 (it is world / (cp x tp x pp) = "
+                    f"{world_size // (p.tp * p.pp * p.cp)})"))
+    elif p.dp is not None and p.dp * p.tp * p.pp != world_size:
         out.append(
-            (f"{base}.dp", f"dp x cp x tp x pp = {p.dp * p.cp * p.tp * p.pp} must equal the world size {world_size} "
-             f"(replicas x devicesPerReplica); allowed dp: {world_size // (p.tp * p.pp * p.cp)} or unset")
+            (f"{base}.dp", f"dp x tp x pp = {p.dp * p.tp * p.pp} must equal the world size {world_size} "
+             f"(replicas x devicesPerReplica); allowed dp: {world_size // (p.tp * p.pp)} or unset")
         )
     if world_size % (p.ep * p.etp * p.pp):
         out.append(
