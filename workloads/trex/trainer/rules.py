@@ -254,7 +254,7 @@ def _memory_advice(plan: MemoryPlan, cfg: TrainerConfig) -> str:
         if cfg.data.micro_batch_size == 1:
             cp = cfg.parallelism.cp * 2
             split = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(update={"cp": cp})})
-            can = not [f for f, _ in context_problems(split) if f == "parallelism.cp"]
+            can = not context_problems(split)
             raise_cp = f", or raise parallelism.cp (to {cp}: each rank holds 1/{cp} of every sequence)" if can else ""
             return f"shorten data.seqLen (and its curriculum){raise_cp}{more} (activations take the most)"
         return ("shorten data.seqLen (and its curriculum) or data.microBatchSize, or raise tp"

@@ -113,7 +113,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          weights: torch.Tensor, norm: float | None = None) -> torch.Tensor:
     """masked_ce(hidden @ weight.T, targets, weights, norm) fused with the head: same value and gradients, no
-    [N, V] logits kept. Runs the GEMMs in the autocast dtype when autocast is on, softmax in fp32 (float64 for a float64 model)."""
+    [N, V] logits kept. Runs the GEMMs in the autocast dtype when autocast is on, softmax in fp32 (float64
+    for a float64 model)."""
     kind = hidden.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
     w = upcast(weights.reshape(-1))
