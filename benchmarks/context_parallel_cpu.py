@@ -47,8 +47,7 @@ def _measure(cp: int, rank: int, seq: int, batch: int, repeat: int) -> dict[str,
     """Saved bytes, gathered bytes and step seconds of this rank's chunks."""
     from trex.trainer.model import build_model, compute_loss
     from trex.trainer.model.layers import positions_from_docs
-    from trex.trainer.model.moe import MoE
-    from trex.trainer.parallel.context import GatheredKeys, balance_share, split_batch
+    from trex.trainer.parallel.context import GatheredKeys, install, split_batch
 
     cfg = _cfg(seq)
     model = build_model(cfg.model)
@@ -63,10 +62,8 @@ def _measure(cp: int, rank: int, seq: int, batch: int, repeat: int) -> dict[str,
             return out
 
         keys.gather = counted
-        model.keys = keys
-        for layer in model.layers:
-            if isinstance(layer.mlp, MoE):
-                layer.mlp.balance_loss = balance_share(group, cp)
+        install(model, group, cp, rank)
+        model.keys = keys  # the counting gather
     ids = torch.randint(0, int(cfg.model.args.vocab_size), (batch, seq), generator=torch.Generator().manual_seed(0))
     docs = (torch.arange(seq) // DOC).expand(batch, seq)
     b = {"ids": ids, "docs": docs, "pos": positions_from_docs(docs)}

@@ -135,7 +135,7 @@ def support_problems(cfg: TrainerConfig) -> list[Problem]:
 
 def context_problems(cfg: TrainerConfig) -> list[Problem]:
     """What context parallelism (cp > 1) needs and does not cover yet: sequences that split into 2 cp equal
-    chunks (the load-balanced causal split), mla attention, no MTP, a language-model mode (pretrain, cpt, sft)."""
+    chunks (the load-balanced causal split), mla attention, a language-model mode (pretrain, cpt, sft)."""
     cp = cfg.parallelism.cp
     if cp == 1:
         return []
@@ -151,9 +151,6 @@ def context_problems(cfg: TrainerConfig) -> list[Problem]:
     if m.attention == "csa":
         out.append(("parallelism.cp", "DeepSeek-V4 attention (sliding-window, compressed CSA/HCA layers) under "
                     "cp > 1 is not supported yet; set cp 1 or use mla attention"))
-    if m.mtp_depth > 0:
-        out.append(("parallelism.cp", f"multi-token prediction (model mtpDepth {m.mtp_depth}) under cp > 1 is not "
-                    "supported yet; set cp 1 or mtpDepth 0"))
     if cfg.mode in ("grpo", "opd"):
         out.append(("parallelism.cp", f"mode {cfg.mode} under cp > 1 is not supported yet (the language-model "
                     "modes pretrain, cpt and sft split sequences); set cp 1"))

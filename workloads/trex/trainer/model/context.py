@@ -44,6 +44,13 @@ class SequenceKeys:
         """Boolean [B, 1, t, S] causal per-document mask of the queries over the keys (None: plain causal)."""
         return causal_doc_mask(doc_ids, b, t, device) if doc_ids is not None else None
 
+    def shift(self, ids: torch.Tensor, s: int) -> torch.Tensor:
+        """The token ``s`` places later in each sequence at every position [B, t] (0 past the end): an MTP
+        module's input."""
+        out = torch.zeros_like(ids)
+        out[:, : ids.shape[1] - s] = ids[:, s:]
+        return out
+
 
 @dataclass
 class AttnContext:

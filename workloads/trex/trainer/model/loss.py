@@ -160,9 +160,13 @@ def mtp_targets(labels: torch.Tensor, loss_mask: torch.Tensor | None, doc_ids: t
     return targets, weights
 
 
+MTPTargets = list[tuple[torch.Tensor, torch.Tensor, float]]
+"""Per MTP depth: (targets [B, t], weights [B, t], the weight sum the term averages over)."""
+
+
 def compute_loss(out: ModelOutput, labels: torch.Tensor, loss_mask: torch.Tensor | None,
-                 routing: RoutingConfig, step: int,
-                 lm_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                 routing: RoutingConfig, step: int, lm_tokens: float | None = None,
+                 mtp_given: MTPTargets | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """total = lm + w_mtp(step) * mean_k mtp_k + sequence_balance_weight * balance + indexer.
 
     labels [B, T] are the next tokens (-100 = ignore); loss_mask [B, T] optional weights. The MTP
@@ -170,6 +174,8 @@ def compute_loss(out: ModelOutput, labels: torch.Tensor, loss_mask: torch.Tensor
     The csa indexer loss only trains the indexer (its inputs and targets are detached).
     ``lm_tokens``: the loss-token weight the lm term averages over (None: these labels' own; a context-parallel
     rank's chunks pass their whole sequences', so the ranks' lm terms sum to the sequences' mean).
+    ``mtp_given``: the MTP heads' targets made on the whole sequences and cut to the chunks, with the whole
+    sequences' weight sums (None: mtp_targets of these labels).
     Returns (total, parts) with parts "lm", "mtp", "balance", "indexer", "total" as floats.
     """
     lm = _ce(out, None, labels, _valid(labels, loss_mask), lm_tokens)
@@ -179,6 +185,10 @@ def compute_loss(out: ModelOutput, labels: torch.Tensor, loss_mask: torch.Tensor
     if n_mtp:
         terms = []
         for k in range(n_mtp):
+            if mtp_given is not None:
+                tgt, w, norm = mtp_given[k]
+                terms.append(_ce(out, k, tgt, w, norm))
+                continue
             tgt, w = mtp_targets(labels, loss_mask, out.doc_ids, k + 1)
             terms.append(_ce(out, k, tgt, w))
         mtp = torch.stack(terms).mean()

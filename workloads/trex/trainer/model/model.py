@@ -264,8 +264,7 @@ class DeepSeekModel(nn.Module):
         prev = x if self.args.attention == "csa" else h  # V4's MTP reads the trunk's streams, V3's its hidden
         for k, mod in enumerate(self.mtp if cache is None else []):
             assert isinstance(mod, MTPModule)
-            shifted = torch.zeros_like(input_ids)
-            shifted[:, : t - k - 1] = input_ids[:, k + 1:]
+            shifted = self.keys.shift(input_ids, k + 1)
             prev, h = mod(prev, self.embed_tokens(shifted), ctx, shifted, acc)
             mtp_hidden.append(mod.norm(h))
         zero = upcast(hidden.new_zeros(()))

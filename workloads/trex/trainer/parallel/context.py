@@ -11,13 +11,16 @@ boundaries. The model knows nothing of this: its attention calls its ``keys`` ob
   norm and rotation) is all-gathered over cp with a differentiable collective (its backward reduce-scatters
   the keys' gradients back to the ranks that own them); the mask is causal and per document over the global
   token indices;
+- MTP: a module's input is the token some places later in the whole sequence, which may lie in another
+  rank's chunk: :meth:`GatheredKeys.shift` all-gathers the token ids (the objective makes the MTP targets on
+  the whole sequences before the split, trex.trainer.data.objective);
 - MoE sequence-balance loss: the per-sequence expert counts are summed over cp and each rank contributes its
   tokens' share of the score means, so the shares sum to the whole sequence's loss (and each router gets
   exactly its tokens' gradient).
 
 The loss and token counts reduce over the dp x cp ranks (trex.trainer.parallel.mesh.Meshes.dp), the expert
-counts over the world, as over data. What cp does not cover yet (DeepSeek-V4 attention, MTP) is refused by
-trex.trainer.rules.
+counts over the world, as over data. What cp does not cover yet (DeepSeek-V4 attention, the sampling modes) is
+refused by trex.trainer.rules.
 """
 
 from __future__ import annotations
@@ -89,6 +92,20 @@ class GatheredKeys(SequenceKeys):
             mask = mask & (doc_ids[:, :, None] == all_docs[:, None, :])
         return mask[:, None]
 
+    def shift(self, ids: torch.Tensor, s: int) -> torch.Tensor:
+        """The token ``s`` places later in each whole sequence at this rank's positions (0 past the end): the
+        token ids [B, t] are all-gathered over cp (ids only, no gradient) and put back in sequence order."""
+        import torch.distributed as dist
+
+        b, t = ids.shape
+        seq = t * self.cp
+        parts = [torch.empty_like(ids) for _ in range(self.cp)]
+        dist.all_gather(parts, ids.contiguous(), group=self.group)
+        whole = torch.empty(b, seq, dtype=ids.dtype, device=ids.device)
+        whole[:, torch.cat([chunk_indices(seq, self.cp, r) for r in range(self.cp)]).to(ids.device)] = \
+            torch.cat(parts, dim=1)
+        return super().shift(whole, s)[:, chunk_indices(seq, self.cp, self.rank).to(ids.device)]
+
 
 def balance_share(group: Any, cp: int) -> Any:
     """The MoE sequence-balance loss of a cp rank: sum_i f_i P_i with f_i from the whole sequence's expert
@@ -110,12 +127,17 @@ def balance_share(group: Any, cp: int) -> Any:
     return loss
 
 
-def apply_context_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes) -> None:
-    """Install the cp rank's key gathering on ``model`` and its balance-loss share on every MoE layer."""
-    cp_mesh = meshes.dense["cp"]
-    group = cp_mesh.get_group()
-    model.keys = GatheredKeys(group, dims.cp, cp_mesh.get_local_rank())
-    share = balance_share(group, dims.cp)
+def install(model: DeepSeekModel, group: Any, cp: int, rank: int) -> None:
+    """Make ``model`` cp rank ``rank`` of ``group``: its key gathering, and its balance-loss share on every MoE
+    layer (the trunk's and the MTP modules')."""
+    model.keys = GatheredKeys(group, cp, rank)
+    share = balance_share(group, cp)
     for block in blocks(model):
         if isinstance(block.mlp, MoE):
             block.mlp.balance_loss = share
+
+
+def apply_context_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes) -> None:
+    """Install this rank's place in its cp group (the dense view's cp dimension) on ``model``."""
+    cp_mesh = meshes.dense["cp"]
+    install(model, cp_mesh.get_group(), dims.cp, cp_mesh.get_local_rank())
