@@ -32,7 +32,7 @@ class Layout:
     dims: ParallelDims
     meshes: Meshes | None
     dp_group: Any
-    """Data-parallel ranks (expert counts and stop votes are summed over it)."""
+    """The ranks holding different tokens, dp x cp (the loss and token counts are summed over it)."""
     muon_group: Any
     """Distributed Muon's own group (FSDP2 may still have reductions in flight on groups over the same ranks)."""
 

@@ -135,10 +135,10 @@ class ModelConfig(TrexModel):
 
 
 class ParallelismConfig(TrexModel):
-    """Parallel degrees. Attention mesh: dp x tp x pp; MoE mesh (folded): edp x ep x etp x pp, same world."""
+    """Parallel degrees. Attention mesh: dp x cp x tp x pp; MoE mesh (folded): edp x ep x etp x pp, same world."""
 
     dp: int | None = Field(default=None, gt=0, le=65_536)
-    """Data-parallel degree; unset = world / (tp x pp)."""
+    """Data-parallel degree; unset = world / (cp x tp x pp) (leave it unset under cp > 1)."""
     tp: int = Field(default=1, gt=0, le=64)
     """Tensor-parallel degree of attention and dense layers."""
     pp: int = Field(default=1, gt=0, le=128)
@@ -150,6 +150,10 @@ class ParallelismConfig(TrexModel):
     dp_replicate: int = Field(default=1, gt=0, le=65_536)
     """Replicated data-parallel groups (HSDP): dense parameters are sharded over dp / dpReplicate ranks
     and replicated over dpReplicate groups (1 = plain FSDP over all dp ranks)."""
+    cp: int = Field(default=1, gt=0, le=1024)
+    """Context-parallel degree: each sequence is split over cp ranks (load-balanced causal split: rank r holds
+    chunks r and 2cp-1-r of 2cp); attention gathers the keys' latents over them. For expert routing the cp
+    ranks count as data ranks."""
     reshard_after_forward: bool = True
     """FSDP2: free each block's gathered parameters after its forward and gather them again for the
     backward (less memory, one more all-gather per block)."""

@@ -523,10 +523,10 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
 
 def run_kernel_shapes(cfg: TrainerConfig, device: str) -> list[tuple[str, dict[str, int]]]:
     """(kernel, dims) of every dispatched call one rank of this run makes (its model, micro-batch, sequence lengths
-    and tp/ep/etp layout): what ``install_for`` loads kernels for and what a KernelTuneJob's ``shapesFrom`` tunes.
-    Pure: no model is built."""
+    and tp/ep/etp layout; under cp a rank holds 1/cp of each sequence): what ``install_for`` loads kernels for and
+    what a KernelTuneJob's ``shapesFrom`` tunes. Pure: no model is built."""
     p = cfg.parallelism
-    seqs = [cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)]
+    seqs = [s // p.cp for s in (cfg.data.seq_len, *(c.seq_len for c in cfg.data.seq_len_curriculum))]
     return trainer_kernel_shapes(resolved_model_values(cfg.model), cfg.data.micro_batch_size, seqs, device,
                                  tp=p.tp, ep=p.ep, etp=p.etp)
 
@@ -546,8 +546,9 @@ FP32_ONLY = ("router_topk", "grouped_gemm")
 
 
 def install_for(cfg: TrainerConfig, device: str, log: Callable[[str], None]) -> KernelState:
-    """``install`` with this config's registry, model shape, micro-batch, sequence lengths and layout."""
-    seqs = [cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)]
+    """``install`` with this config's registry, model shape, micro-batch, sequence lengths (a cp rank's part of
+    them) and layout."""
+    seqs = [s // cfg.parallelism.cp for s in (cfg.data.seq_len, *(c.seq_len for c in cfg.data.seq_len_curriculum))]
     p = cfg.parallelism
     return install(cfg.kernels.registry, resolved_model_values(cfg.model), cfg.data.micro_batch_size, seqs, device,
                    log, layout=(p.tp, p.ep, p.etp))

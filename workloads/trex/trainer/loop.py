@@ -46,7 +46,7 @@ from trex.trainer.objective import RunContext, Series, load_cv
 from trex.trainer.optim.build import Optimizers, apply_hparams, clip_grad_norm, schedule_factor
 from trex.trainer.optim.swap import SwapStats
 from trex.trainer.parallel.grads import clip_grads
-from trex.trainer.parallel.mesh import ParallelDims, dense_coordinates
+from trex.trainer.parallel.mesh import ParallelDims, context_coordinate, dense_coordinates
 from trex.trainer.phases import PhaseMeter
 from trex.trainer.rules import ConfigProblem, job_problems
 from trex.trainer.spike import AnticipatoryRouting, SpikeDetector, finite
@@ -191,7 +191,7 @@ class Trainer:
         self.dp_group: Any = self.layout.dp_group
         self.parallel: Any = None
         self.context = RunContext(cfg, self.device.torch_device(), self.dims, self.meshes, self.dp_rank,
-                                  self.dp_group, self.ckpt_dir, self.rank)
+                                  self.dp_group, self.ckpt_dir, self.rank, context_coordinate(self.dims, self.rank))
         self.objective = build_objective(self.context, verifier)
         """The mode's side of each step (trex.trainer.modes)."""
         self.tokenizer = self.objective.tokenizer

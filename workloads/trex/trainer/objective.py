@@ -113,9 +113,11 @@ class RunContext:
     """The data-parallel ranks (None in one process)."""
     ckpt_dir: Path
     rank: int = 0
+    cp_rank: int = 0
+    """Which chunks of each sequence this rank holds under context parallelism (trex.trainer.parallel.context)."""
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
-        """Element-wise sum over the data-parallel ranks (identity in a single process)."""
+        """Element-wise sum over the data-parallel (and context-parallel) ranks (identity in a single process)."""
         if self.dp_group is None:
             return values
         import torch.distributed as dist

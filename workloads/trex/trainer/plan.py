@@ -150,7 +150,7 @@ class Layout:
     def of(cls, cfg: TrainerConfig, world: int) -> Layout:
         """The layout of ``cfg`` on ``world`` ranks (assumes parallelism_problems found nothing)."""
         p = cfg.parallelism
-        return cls(world, p.dp or world // p.tp, p.tp, p.ep, p.etp, p.dp_replicate)
+        return cls(world, p.dp * p.cp if p.dp else world // p.tp, p.tp, p.ep, p.etp, p.dp_replicate)  # cp: data
 
 
 def _ceil(a: int, b: int) -> int:
@@ -339,6 +339,26 @@ def offload_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: 
     return n_blocks * per_block, min(2, n_blocks) * per_block
 
 
+def context_activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: int, act: int,
+                             attention_probs: bool = False, recompute: str = "none", cp: int = 1) -> int:
+    """activation_bytes under context parallelism (trex.trainer.parallel.context): every rank holds seq_len / cp
+    tokens of each sequence, and each mla layer also keeps the keys of the other ranks' chunks: the gathered
+    latent (kv_lora_rank + rope), the per-head keys and values expanded from it, and the mask (and on CPUs the
+    probabilities) over all seq_len keys. Those extra keys are kept by every layer without recompute and by
+    the one layer being recomputed with it. cp = 1 is activation_bytes itself."""
+    local = seq_len // cp
+    base = activation_bytes(v, lay, micro_batch, local, act, attention_probs, recompute)
+    if cp == 1:
+        return base
+    h = int(v["num_heads"]) // lay.tp
+    nope, rope, vd, kl = (int(v[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+    others = seq_len - local  # keys of the other ranks' chunks, per sequence
+    keys = others * (kl + rope + h * (nope + vd) + h * (nope + rope)) * act
+    scores = local * others * (1 + (h * act if attention_probs else 0))
+    layers = int(v["num_layers"]) + int(v["mtp_depth"]) if recompute == "none" else 1
+    return base + layers * micro_batch * (keys + scores)
+
+
 def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int | None = None) -> MemoryPlan:
     """The per-device plan of ``cfg`` on ``world`` ranks of ``device`` (``capacity`` defaults to the
     device's memory). Assumes parallelism_problems(cfg, world) is empty."""
@@ -366,7 +386,7 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         gather = (units.get("root", 0) + kept) * model_bytes
 
     seq = max([cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)])
-    tokens = cfg.data.micro_batch_size * seq
+    tokens = cfg.data.micro_batch_size * seq // cfg.parallelism.cp
     comm = 0
     if lay.ep > 1 or lay.etp > 1:
         comm += 2 * (tokens // lay.tp) * int(values["experts_per_token"]) * int(values["hidden_size"]) * act * lay.etp
@@ -391,15 +411,16 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
                         + [_largest_bucket(c.params, lay) * store * (2 if held else 1)])
     plan = MemoryPlan(
         params=n_params * store, grads=n_params * store, muon_state=muon * store, adamw_state=2 * adamw * store,
-        buffers=c.buffer_bytes, activations=activation_bytes(values, lay, cfg.data.micro_batch_size, seq, act,
-                                     attention_probs=device.device_type == "cpu", recompute=cfg.recompute),
+        buffers=c.buffer_bytes, activations=context_activation_bytes(
+            values, lay, cfg.data.micro_batch_size, seq, act, attention_probs=device.device_type == "cpu",
+            recompute=cfg.recompute, cp=cfg.parallelism.cp),
         recompute=cfg.recompute, fsdp_gather=gather, comm_buffers=comm, optimizer_transient=opt, swap=swap.enabled,
         swap_buffers=swap.buffers * max(swap.bucket_mb * 2**20, largest_state),
         masters=sum(local[n] for n in held) * store, device=device,
         capacity=device.memory_bytes if capacity is None else capacity, world=world,
         **sampling_bytes(cfg, values, c, lay, world),
     )
-    return with_offload(plan, cfg, values, lay, seq, act)
+    return with_offload(plan, cfg, values, lay, seq // cfg.parallelism.cp, act)  # a cp rank holds seq / cp tokens
 
 
 def with_offload(plan: MemoryPlan, cfg: TrainerConfig, values: Mapping[str, Any], lay: Layout, seq: int,

@@ -162,8 +162,10 @@ def main(argv: list[str] | None = None, manifests: Mapping[str, ManifestReader] 
         print(f"trex plan: error: {e}", file=sys.stderr)
         return 2
     lay = Layout.of(cfg, world)
-    print(f"{cfg.model.preset} ({cfg.model.dtype}) on {world} x {device.name}: dp {lay.dp} (dpShard {lay.dp_shard}) "
-          f"x tp {lay.tp}; MoE: edp {lay.edp} x ep {lay.ep} x etp {lay.etp}; "
+    cp = cfg.parallelism.cp  # the plan shards dense parameters over dp x cp: lay.dp counts both
+    split = f" x cp {cp}" if cp > 1 else ""
+    print(f"{cfg.model.preset} ({cfg.model.dtype}) on {world} x {device.name}: dp {lay.dp // cp}{split} "
+          f"(dpShard {lay.dp_shard // cp}) x tp {lay.tp}; MoE: edp {lay.edp} x ep {lay.ep} x etp {lay.etp}; "
           f"micro-batch {cfg.data.micro_batch_size} x {max([cfg.data.seq_len, *(s.seq_len for s in cfg.data.seq_len_curriculum)])} tokens")
     table = rows(plan)
     width = max(len(k) for k, _ in table)

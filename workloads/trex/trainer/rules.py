@@ -48,13 +48,14 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     ranks) every phase of the lifecycle plan fits it (host_problems; ``load``: the job starts from a Hugging Face
     folder, default checkpoint.initFromHf is set). Empty means valid."""
     layout = parallelism_problems(cfg, world_size)
-    out = layout + support_problems(cfg) + offload_problems(cfg) + rl_layout_problems(cfg, world_size)
+    out = (layout + support_problems(cfg) + offload_problems(cfg) + context_problems(cfg)
+           + rl_layout_problems(cfg, world_size))
     if cfg.kernels.registry and Path(cfg.kernels.registry).is_file():  # readable here: it must cover the run
         from trex.trainer.kernels import registry_problem
         out += [p for p in [registry_problem(cfg)] if p is not None]
     if local and not layout:
         p = cfg.parallelism
-        out += local_problems(cfg, world_size // (p.tp * p.pp))
+        out += local_problems(cfg, world_size // (p.tp * p.pp * p.cp))
     if out or device is None or (capacity is None and device.memory_bytes is None):
         return out
     try:
@@ -69,11 +70,11 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     has = f"{device.name} has {gib(plan.capacity or 0)}"
     if cfg.optimizer.swap.enabled:
         out.append(("parallelism", f"needs {gib(plan.total)} per device even with the optimizer states in host "
-                    f"memory (optimizer.swap); {has}: {_memory_advice(plan)}"))
+                    f"memory (optimizer.swap); {has}: {_memory_advice(plan, cfg)}"))
         return out
     off = with_swap(plan, True)
     hint = f", or enable optimizer.swap (brings it to {gib(off.total)})" if off.fits else ""
-    out.append(("parallelism", f"needs {gib(plan.total)} per device; {has}: {_memory_advice(plan)}{hint}"))
+    out.append(("parallelism", f"needs {gib(plan.total)} per device; {has}: {_memory_advice(plan, cfg)}{hint}"))
     return out
 
 
@@ -97,7 +98,8 @@ def host_problems(cfg: TrainerConfig, world_size: int, plan: MemoryPlan, host_ca
 def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
     """Check the parallel degrees against the world size and model shape (MoE parallel folding).
 
-    Rules: pp divides world; tp x pp divides world and dp = world / (tp x pp) when dp is unset;
+    Rules: pp divides world; tp x pp divides world, cp divides world / (tp x pp) and dp = world / (cp x tp x pp)
+    when dp is unset;
     ep x etp x pp divides world (the MoE mesh is folded onto the same ranks as attention, so
     edp = world / (ep x etp x pp)); ep divides the routed expert count; etp divides the expert
     hidden size; tp divides the head count; pp does not exceed the layer count.
@@ -110,6 +112,11 @@ def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
         out.append((f"{base}.pp", f"pp={p.pp} does not divide the world size {world_size}"))
     if world_size % (p.tp * p.pp):
         out.append((f"{base}.tp", f"tp x pp = {p.tp * p.pp} does not divide the world size {world_size}"))
+    elif world_size // (p.tp * p.pp) % p.cp:
+        out.append((f"{base}.cp", f"cp={p.cp} does not divide world / (tp x pp) = {world_size // (p.tp * p.pp)}"))
+    elif p.dp is not None and p.cp > 1:
+        out.append((f"{base}.dp", f"leave dp unset under cp > 1 (it is world / (cp x tp x pp) = "
+                    f"{world_size // (p.tp * p.pp * p.cp)})"))
     elif p.dp is not None and p.dp * p.tp * p.pp != world_size:
         out.append(
             (f"{base}.dp", f"dp x tp x pp = {p.dp * p.tp * p.pp} must equal the world size {world_size} "
@@ -129,7 +136,8 @@ def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
     if m.attention == "csa" and m.o_groups % p.tp:
         out.append((f"{base}.tp", f"tp={p.tp} does not divide the output groups oGroups={m.o_groups} of the "
                     "DeepSeek-V4 attention (each tp rank projects whole groups)"))
-    dp = p.dp if p.dp is not None else world_size // (p.tp * p.pp) if world_size % (p.tp * p.pp) == 0 else 0
+    dp = (p.dp if p.dp is not None else world_size // (p.tp * p.pp * p.cp)
+          if world_size % (p.tp * p.pp * p.cp) == 0 else 0)
     if dp and dp % p.dp_replicate:
         out.append((f"{base}.dpReplicate", f"dpReplicate={p.dp_replicate} does not divide dp={dp}"))
     has_moe = m.num_layers > m.n_dense_layers or m.mtp_depth > 0
@@ -157,6 +165,30 @@ def offload_problems(cfg: TrainerConfig) -> list[Problem]:
         return []
     return [("activationOffload", f"needs recompute: full (got {cfg.recompute}): it moves to host memory the block "
              "inputs full recompute keeps; with less recompute the blocks keep their insides on the device")]
+
+
+def context_problems(cfg: TrainerConfig) -> list[Problem]:
+    """What context parallelism (cp > 1) needs and does not cover yet: sequences that split into 2 cp equal
+    chunks (the load-balanced causal split), mla attention, a language-model mode (pretrain, cpt, sft)."""
+    cp = cfg.parallelism.cp
+    if cp == 1:
+        return []
+    out: list[Problem] = []
+    split = (f"not a multiple of 2 x parallelism.cp = {2 * cp} (each cp rank holds a head and a tail chunk of "
+             "every sequence)")
+    if cfg.data.seq_len % (2 * cp):
+        out.append(("data.seqLen", f"{cfg.data.seq_len} is {split}"))
+    for i, c in enumerate(cfg.data.seq_len_curriculum):
+        if c.seq_len % (2 * cp):
+            out.append((f"data.seqLenCurriculum[{i}].seqLen", f"{c.seq_len} is {split}"))
+    m = cfg.model.args
+    if m.attention == "csa":
+        out.append(("parallelism.cp", "DeepSeek-V4 attention (sliding-window, compressed CSA/HCA layers) under "
+                    "cp > 1 is not supported yet; set cp 1 or use mla attention"))
+    if cfg.mode in ("grpo", "opd"):
+        out.append(("parallelism.cp", f"mode {cfg.mode} under cp > 1 is not supported yet (the language-model "
+                    "modes pretrain, cpt and sft split sequences); set cp 1"))
+    return out
 
 
 def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
@@ -257,11 +289,18 @@ def opd_problems(cfg: OPDConfig) -> list[Problem]:
     return out
 
 
-def _memory_advice(plan: MemoryPlan) -> str:
-    """What to change, led by the part that dominates the plan."""
+def _memory_advice(plan: MemoryPlan, cfg: TrainerConfig) -> str:
+    """What to change, led by the part that dominates the plan (at micro-batch 1: the sequence split, cp, when
+    the job can run it, since tp splits whole sequences)."""
     states = plan.persistent
     if plan.activations > states:
         more = "" if plan.recompute == "full" else ", or set trainer.recompute (selective or full)"
+        if cfg.data.micro_batch_size == 1:
+            cp = cfg.parallelism.cp * 2
+            split = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(update={"cp": cp})})
+            can = not context_problems(split)
+            raise_cp = f", or raise parallelism.cp (to {cp}: each rank holds 1/{cp} of every sequence)" if can else ""
+            return f"shorten data.seqLen (and its curriculum){raise_cp}{more} (activations take the most)"
         return ("shorten data.seqLen (and its curriculum) or data.microBatchSize, or raise tp"
                 f"{more} (activations take the most)")
     return "raise ep or add replicas (parameters, gradients and optimizer states take the most)"

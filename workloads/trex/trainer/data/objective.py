@@ -12,6 +12,7 @@ from torch import nn
 from trex.trainer.data.build import build_data, packing_line
 from trex.trainer.data.loader import PackedLoader, SampleLoader
 from trex.trainer.model import compute_loss
+from trex.trainer.model.loss import MTPTargets, loss_tokens, mtp_targets
 from trex.trainer.objective import Outcome, RunContext
 from trex.trainer.optim.schedule import global_batch_at, micro_steps, seq_len_at
 
@@ -50,10 +51,24 @@ class LMObjective:
         # Token-weighted mean over the whole global batch: micro-batch i weighs (its loss tokens) / (all of
         # them on every rank), so SFT batches with few assistant tokens do not count as much as full ones.
         valid = [float(b["loss_mask"].sum()) for b in batches]
-        total_valid = ctx.sum_over_ranks([sum(valid)])[0]
+        lm_tokens: list[float | None] = [None] * len(batches)
+        mtp: list[MTPTargets | None] = [None] * len(batches)
+        if ctx.dims.cp > 1:  # this rank's chunks of the sequences; its lm and MTP terms are its shares of theirs
+            from trex.trainer.parallel.context import split_batch
+
+            lm_tokens = [loss_tokens(b["labels"], b["loss_mask"]) for b in batches]
+            depth = cfg.model.args.mtp_depth
+            whole = [[mtp_targets(b["labels"], b["loss_mask"], b["doc_ids"], k + 1) for k in range(depth)]
+                     for b in batches]
+            batches = [split_batch({**b, **{f"mtp{k}_{n}": t for k, pair in enumerate(w)
+                                            for n, t in zip(("targets", "weights"), pair, strict=True)}},
+                                   ctx.dims.cp, ctx.cp_rank) for b, w in zip(batches, whole, strict=True)]
+            mtp = [[(b[f"mtp{k}_targets"], b[f"mtp{k}_weights"], float(w[k][1].sum())) for k in range(depth)]
+                   for b, w in zip(batches, whole, strict=True)]
+        total_valid = ctx.sum_over_ranks([sum(float(b["loss_mask"].sum()) for b in batches)])[0]
         counts: torch.Tensor | None = None
         parts_sum: dict[str, float] = {}
-        for batch_cpu, n_valid in zip(batches, valid, strict=True):
+        for batch_cpu, n_valid, n_lm, mtp_cpu in zip(batches, valid, lm_tokens, mtp, strict=True):
             # In one process a micro-batch without loss tokens is skipped; across ranks it still runs (with
             # weight 0 and its expert counts left out) because its forward and backward hold collectives.
             if n_valid == 0 and (ctx.meshes is None or total_valid == 0):
@@ -62,7 +77,9 @@ class LMObjective:
             batch = {k: v.to(dev) for k, v in batch_cpu.items()}
             with ctx.autocast():
                 out = model(batch["input_ids"], batch["position_ids"], batch["doc_ids"], logits=False)
-                loss, parts = compute_loss(out, batch["labels"], batch["loss_mask"], cfg.routing, step)
+                mtp_here = None if mtp_cpu is None else [(t.to(dev), w.to(dev), n) for t, w, n in mtp_cpu]
+                loss, parts = compute_loss(out, batch["labels"], batch["loss_mask"], cfg.routing, step, n_lm,
+                                           mtp_here)
             torch.autograd.backward(loss * weight)
             c = out.expert_counts.detach() * (1 if n_valid else 0)
             counts = c if counts is None else counts + c

@@ -89,7 +89,11 @@ class MLAttention(nn.Module):
         b, t, _ = x.shape
         q = self.query(x, ctx)
         c, k_rope = self.latent(x)
-        k, v = self.expand(c, apply_rope(k_rope, ctx.cos, ctx.sin, self.interleave))
+        k_rope = apply_rope(k_rope, ctx.cos, ctx.sin, self.interleave)
+        if ctx.gather is not None:  # keys of the sequences' other chunks (context parallelism): one gather
+            both = ctx.gather(torch.cat([c, k_rope], dim=-1))
+            c, k_rope = both[..., :self.kv_lora_rank], both[..., self.kv_lora_rank:]
+        k, v = self.expand(c, k_rope)
         mask = ctx.mask
         if mask is None and ctx.doc_ids is not None:
             mask = causal_doc_mask(ctx.doc_ids, b, t, x.device)

@@ -6,13 +6,14 @@ so that `attention.build_attention` can construct either kind without the two im
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from trex.trainer.model.layers import rope_cos_sin
+from trex.trainer.model.layers import causal_doc_mask, rope_cos_sin
 
 
 class AttentionCache(Protocol):
@@ -31,6 +32,26 @@ class AttentionCache(Protocol):
         ...
 
 
+class SequenceKeys:
+    """Which keys an attention layer's queries see: the layer's own tokens (one process, every layout without
+    context parallelism). trex.trainer.parallel.context replaces it on the model to gather the keys of the
+    sequences' other chunks over the ranks that hold them."""
+
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Per-token key tensors [B, T, C] -> [B, S, C] of every key (None: the layer's own tokens)."""
+
+    def mask(self, doc_ids: torch.Tensor | None, b: int, t: int, device: torch.device) -> torch.Tensor | None:
+        """Boolean [B, 1, t, S] causal per-document mask of the queries over the keys (None: plain causal)."""
+        return causal_doc_mask(doc_ids, b, t, device) if doc_ids is not None else None
+
+    def shift(self, ids: torch.Tensor, s: int) -> torch.Tensor:
+        """The token ``s`` places later in each sequence at every position [B, t] (0 past the end): an MTP
+        module's input."""
+        out = torch.zeros_like(ids)
+        out[:, : ids.shape[1] - s] = ids[:, s:]
+        return out
+
+
 @dataclass
 class AttnContext:
     """Per-forward inputs shared by every attention layer."""
@@ -43,6 +64,8 @@ class AttnContext:
     """causal_doc_mask(doc_ids) [B, 1, T, T], built once per forward and shared by every mla layer
     (None: each layer builds it from doc_ids)."""
     ropes: dict[tuple[float, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """SequenceKeys.gather of the model (None: keys are the layer's own tokens)."""
     cache: AttentionCache | None = None
     """Decoding only: the KV cache every attention layer delegates to (None: a plain full forward)."""
 

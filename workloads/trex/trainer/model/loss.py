@@ -22,13 +22,19 @@ def _valid(labels: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor
     return keep if loss_mask is None else keep * loss_mask.float()
 
 
-def masked_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def loss_tokens(labels: torch.Tensor, loss_mask: torch.Tensor | None) -> float:
+    """The weight the lm term averages over: the loss-mask sum of the labels that are not ignored."""
+    return float(_valid(labels, loss_mask).sum())
+
+
+def masked_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+              norm: float | None = None) -> torch.Tensor:
     """Weighted mean cross-entropy (>= fp32: a float64 model keeps float64) over positions with weight > 0;
-    0 when there are none."""
+    0 when there are none. ``norm``: divide the weighted sum by it instead of the weights' sum."""
     ce = F.cross_entropy(upcast(logits).reshape(-1, logits.shape[-1]), targets.clamp(min=0).reshape(-1),
                          reduction="none")
     w = weights.reshape(-1).to(ce.dtype)
-    return (ce * w).sum() / w.sum().clamp(min=1e-12)
+    return (ce * w).sum() / (w.sum().clamp(min=1e-12) if norm is None else max(norm, 1e-12))
 
 
 CHUNK_BYTES = 4 << 20
@@ -60,11 +66,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_h = torch.empty_like(hc) if need else None
             grad_w = (None if not need or keep else
                       torch.zeros(weight.shape, dtype=torch.float32, device=weight.device))
-            # Buffers reused by every chunk: the GEMM's output, and its fp32 copy when the GEMM is not fp32.
+            # Buffers reused by every chunk: the GEMM's output, and its fp32 copy when the GEMM is narrower (a
+            # float64 model keeps float64, so its loss does not depend on how the tokens are split into rows).
             zb = hc.new_empty((rows, vocab))
-            zf = zb if zb.dtype == torch.float32 else torch.empty((rows, vocab), dtype=torch.float32,
-                                                                  device=h.device)
-            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            soft = torch.float64 if zb.dtype == torch.float64 else torch.float32
+            zf = zb if zb.dtype == soft else torch.empty((rows, vocab), dtype=soft, device=h.device)
+            total = torch.zeros((), dtype=soft, device=h.device)
             for s in range(0, n, rows):
                 e = min(n, s + rows)
                 z = zf[:e - s]
@@ -72,7 +79,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if zf is not zb:
                     z.copy_(zb[:e - s])
                 tgt = targets[s:e, None]
-                w = weights[s:e]
+                w = weights[s:e].to(soft)
                 picked = z.gather(1, tgt).squeeze(1)
                 top = z.amax(dim=-1, keepdim=True)
                 z.sub_(top).exp_()  # one exp pass serves both the log-sum-exp and the softmax
@@ -104,27 +111,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         weights: torch.Tensor) -> torch.Tensor:
-    """masked_ce(hidden @ weight.T, targets, weights) fused with the head: same value and gradients, no
-    [N, V] logits kept. Runs the GEMMs in the autocast dtype when autocast is on, softmax in fp32."""
+                         weights: torch.Tensor, norm: float | None = None) -> torch.Tensor:
+    """masked_ce(hidden @ weight.T, targets, weights, norm) fused with the head: same value and gradients, no
+    [N, V] logits kept. Runs the GEMMs in the autocast dtype when autocast is on, softmax in fp32 (float64
+    for a float64 model)."""
     kind = hidden.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
-    w = weights.reshape(-1).float()
-    w = w / w.sum().clamp(min=1e-12)
+    w = upcast(weights.reshape(-1))
+    w = w / (w.sum().clamp(min=1e-12) if norm is None else max(norm, 1e-12))
     loss: torch.Tensor = _LinearCrossEntropy.apply(  # type: ignore[no-untyped-call]
         hidden.reshape(-1, hidden.shape[-1]), weight, targets.clamp(min=0).reshape(-1), w, dtype)
     return loss
 
 
-def _ce(out: ModelOutput, k: int | None, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def _ce(out: ModelOutput, k: int | None, targets: torch.Tensor, weights: torch.Tensor,
+        norm: float | None = None) -> torch.Tensor:
     """Cross-entropy of the trunk head (k None) or MTP head k, fused when the forward skipped the logits."""
     hidden = out.hidden if k is None else (out.mtp_hidden[k] if out.mtp_hidden else None)
     if hidden is not None and out.head_weight is not None:
-        return linear_cross_entropy(hidden, out.head_weight, targets, weights)
+        return linear_cross_entropy(hidden, out.head_weight, targets, weights, norm)
     logits = out.logits if k is None else out.mtp_logits[k]
     if logits is None:
         raise ValueError("model output has neither logits nor hidden states with a head weight")
-    return masked_ce(logits, targets, weights)
+    return masked_ce(logits, targets, weights, norm)
 
 
 def mtp_targets(labels: torch.Tensor, loss_mask: torch.Tensor | None, doc_ids: torch.Tensor | None,
@@ -151,22 +160,35 @@ def mtp_targets(labels: torch.Tensor, loss_mask: torch.Tensor | None, doc_ids: t
     return targets, weights
 
 
+MTPTargets = list[tuple[torch.Tensor, torch.Tensor, float]]
+"""Per MTP depth: (targets [B, t], weights [B, t], the weight sum the term averages over)."""
+
+
 def compute_loss(out: ModelOutput, labels: torch.Tensor, loss_mask: torch.Tensor | None,
-                 routing: RoutingConfig, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+                 routing: RoutingConfig, step: int, lm_tokens: float | None = None,
+                 mtp_given: MTPTargets | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """total = lm + w_mtp(step) * mean_k mtp_k + sequence_balance_weight * balance + indexer.
 
     labels [B, T] are the next tokens (-100 = ignore); loss_mask [B, T] optional weights. The MTP
     weight is mtp_loss_weight before mtp_weight_drop_step and mtp_loss_weight_late from then on.
     The csa indexer loss only trains the indexer (its inputs and targets are detached).
+    ``lm_tokens``: the loss-token weight the lm term averages over (None: these labels' own; a context-parallel
+    rank's chunks pass their whole sequences', so the ranks' lm terms sum to the sequences' mean).
+    ``mtp_given``: the MTP heads' targets made on the whole sequences and cut to the chunks, with the whole
+    sequences' weight sums (None: mtp_targets of these labels).
     Returns (total, parts) with parts "lm", "mtp", "balance", "indexer", "total" as floats.
     """
-    lm = _ce(out, None, labels, _valid(labels, loss_mask))
+    lm = _ce(out, None, labels, _valid(labels, loss_mask), lm_tokens)
     zero = lm.new_zeros(())
     mtp = zero
     n_mtp = len(out.mtp_hidden) or len(out.mtp_logits)
     if n_mtp:
         terms = []
         for k in range(n_mtp):
+            if mtp_given is not None:
+                tgt, w, norm = mtp_given[k]
+                terms.append(_ce(out, k, tgt, w, norm))
+                continue
             tgt, w = mtp_targets(labels, loss_mask, out.doc_ids, k + 1)
             terms.append(_ce(out, k, tgt, w))
         mtp = torch.stack(terms).mean()

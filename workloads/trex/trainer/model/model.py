@@ -10,10 +10,10 @@ from torch import nn
 
 from trex.trainer.model.args import ModelArgs
 from trex.trainer.model.attention import build_attention
-from trex.trainer.model.context import AttentionCache, AttnContext
+from trex.trainer.model.context import AttentionCache, AttnContext, SequenceKeys
 from trex.trainer.model.hc import HyperConnection, HyperHead
 from trex.trainer.model.init import Init, constant, explicit, fill, normal
-from trex.trainer.model.layers import MLP, RMSNorm, causal_doc_mask, positions_from_docs, rope_cos_sin, upcast
+from trex.trainer.model.layers import MLP, RMSNorm, positions_from_docs, rope_cos_sin, upcast
 from trex.trainer.model.moe import Gate, GroupedExperts, MoE
 from trex.trainer.model.v4attention import Pool, V4Attention
 
@@ -185,6 +185,8 @@ class DeepSeekModel(nn.Module):
         self.norm = RMSNorm(d, args.norm_eps, scale_in_fp32=args.attention == "csa")
         self.lm_head = nn.Linear(d, args.vocab_size, bias=False)
         self.mtp = nn.ModuleList(MTPModule(args, seed, args.num_layers + k) for k in range(args.mtp_depth))
+        self.keys = SequenceKeys()
+        """Which keys the mla layers' queries see (trex.trainer.parallel.context gathers them under cp)."""
 
     # --- initialisation ------------------------------------------------------------------
     def init_spec(self) -> dict[str, Init]:
@@ -246,9 +248,9 @@ class DeepSeekModel(nn.Module):
                             else torch.arange(t, device=input_ids.device).expand(b, t))
         rope_dtype = torch.float64 if self.embed_tokens.weight.dtype == torch.float64 else torch.float32
         cos, sin = rope_cos_sin(position_ids, self.args.qk_rope_head_dim, self.args.rope_theta, dtype=rope_dtype)
-        mask = (causal_doc_mask(doc_ids, b, t, input_ids.device)
-                if doc_ids is not None and self.args.attention == "mla" else None)
-        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask, cache=cache)
+        mask = self.keys.mask(doc_ids, b, t, input_ids.device) if self.args.attention == "mla" else None
+        ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask, cache=cache,
+                          gather=self.keys.gather)
         ctx.ropes[(self.args.rope_theta, self.args.qk_rope_head_dim)] = (cos, sin)
         acc = _Acc()
         n = self.args.hc_mult
@@ -263,8 +265,7 @@ class DeepSeekModel(nn.Module):
         prev = x if self.args.attention == "csa" else h  # V4's MTP reads the trunk's streams, V3's its hidden
         for k, mod in enumerate(self.mtp if cache is None and mtp else []):
             assert isinstance(mod, MTPModule)
-            shifted = torch.zeros_like(input_ids)
-            shifted[:, : t - k - 1] = input_ids[:, k + 1:]
+            shifted = self.keys.shift(input_ids, k + 1)
             prev, h = mod(prev, self.embed_tokens(shifted), ctx, shifted, acc)
             mtp_hidden.append(mod.norm(h))
         zero = upcast(hidden.new_zeros(()))

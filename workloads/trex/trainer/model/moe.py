@@ -256,6 +256,8 @@ class MoE(nn.Module):
                 limit=args.swiglu_limit if args.attention == "csa" else 0.0)
             if args.n_shared_experts > 0 else None
         )
+        self.balance_loss: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] = sequence_balance_loss
+        """sequence_balance_loss, or a context-parallel rank's share of it (trex.trainer.parallel.context)."""
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, D], token_ids [B, T] -> (y [B, T, D], balance loss scalar, counts [E] long)."""
@@ -266,6 +268,6 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         n_e = self.gate.n_experts
-        balance = sequence_balance_loss(scores.view(b, t, n_e), idx.view(b, t, -1), n_e)
+        balance = self.balance_loss(scores.view(b, t, n_e), idx.view(b, t, -1), n_e)
         counts = torch.bincount(idx.reshape(-1), minlength=n_e)
         return y, balance, counts

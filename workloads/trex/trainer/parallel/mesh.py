@@ -1,10 +1,12 @@
 """The parallel layout: degrees from the config (pure), and one world DeviceMesh unflattened into its views.
 
-Dense view (pp, dp_replicate, dp_shard, tp): attention, dense FFNs, embeddings, head and norms.
+Dense view (pp, dp_replicate, dp_shard, cp, tp): attention, dense FFNs, embeddings, head and norms; cp ranks
+hold different chunks of the same sequences (trex.trainer.parallel.context), so dense parameters are sharded
+(FSDP2) and their gradients summed over dp_shard x cp.
 Folded MoE view (pp, edp, ep, etp) over the same ranks: routed experts (MoE parallel folding, as in
 Megatron-Core). A third view (pp, dp_replicate, dp_shard_tp) shards the MoE layers' non-routed parameters
 (router, shared experts): inside an MoE layer every rank holds different tokens, so those parameters
-see data on dp_shard x tp ranks. The innermost dimension (tp, etp) is the one whose ranks are adjacent.
+see data on dp_shard x cp x tp ranks; for expert routing cp counts as data (as Megatron-Core folds it). The innermost dimension (tp, etp) is the one whose ranks are adjacent.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """Parallel degrees of one run; world = pp x dp x tp = pp x edp x ep x etp."""
+    """Parallel degrees of one run; world = pp x dp x cp x tp = pp x edp x ep x etp."""
 
     world: int
     dp_replicate: int = 1
@@ -29,6 +31,7 @@ class ParallelDims:
     ep: int = 1
     etp: int = 1
     pp: int = 1
+    cp: int = 1
 
     @property
     def dp(self) -> int:
@@ -49,9 +52,9 @@ class ParallelDims:
     def from_config(cls, cfg: TrainerConfig, world: int) -> ParallelDims:
         """Degrees for ``world`` ranks: arithmetic only (trex.trainer.rules.job_problems says whether they fold)."""
         p = cfg.parallelism
-        dp = world // (p.tp * p.pp)
+        dp = world // (p.tp * p.pp * p.cp)
         return cls(world=world, dp_replicate=p.dp_replicate, dp_shard=dp // p.dp_replicate, tp=p.tp, ep=p.ep,
-                   etp=p.etp, pp=p.pp)
+                   etp=p.etp, pp=p.pp, cp=p.cp)
 
 
 @dataclass(frozen=True)
@@ -60,17 +63,23 @@ class Meshes:
 
     world: DeviceMesh
     dense: DeviceMesh
-    """(pp, dp_replicate, dp_shard, tp)"""
+    """(pp, dp_replicate, dp_shard, cp, tp)"""
     moe: DeviceMesh
     """(pp, edp, ep, etp)"""
     moe_dense: DeviceMesh
-    """(pp, dp_replicate, dp_shard_tp)"""
+    """(pp, dp_replicate, dp_shard_tp): dp_shard_tp is dp_shard x cp x tp."""
     dp: DeviceMesh
-    """dp_replicate x dp_shard flattened: the ranks that read different batches (loss and token sums)."""
+    """dp_replicate x dp_shard x cp flattened: the ranks that hold different tokens (loss and token sums)."""
+    dense_cp: DeviceMesh | None = None
+    """(pp, dp_replicate, dp_shard_cp, tp) under cp > 1: the dense parameters' FSDP2 view (None: cp = 1)."""
 
     def fsdp_dense(self, dims: ParallelDims) -> DeviceMesh:
-        """FSDP2 mesh of dense parameters: dp_shard, or (dp_replicate, dp_shard) for HSDP."""
-        return self.dense["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else self.dense["dp_shard"]
+        """FSDP2 mesh of dense parameters: dp_shard (x cp), or (dp_replicate, dp_shard (x cp)) for HSDP."""
+        if self.dense_cp is not None:
+            view, shard = self.dense_cp, "dp_shard_cp"
+        else:
+            view, shard = self.dense, "dp_shard"
+        return view["dp_replicate", shard] if dims.dp_replicate > 1 else view[shard]
 
     def fsdp_moe_dense(self, dims: ParallelDims) -> DeviceMesh:
         """FSDP2 mesh of the MoE layers' router and shared experts."""
@@ -83,17 +92,26 @@ def build_meshes(dims: ParallelDims, device_type: str) -> Meshes:
     from torch.distributed.device_mesh import init_device_mesh
 
     world = init_device_mesh(device_type, (dims.world,), mesh_dim_names=("world",))
-    dense = world._unflatten(0, (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp),
-                             ("pp", "dp_replicate", "dp_shard", "tp"))
+    dense = world._unflatten(0, (dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp),
+                             ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
     moe = world._unflatten(0, (dims.pp, dims.edp, dims.ep, dims.etp), ("pp", "edp", "ep", "etp"))
-    moe_dense = world._unflatten(0, (dims.pp, dims.dp_replicate, dims.dp_shard * dims.tp),
+    moe_dense = world._unflatten(0, (dims.pp, dims.dp_replicate, dims.dp_shard * dims.cp * dims.tp),
                                  ("pp", "dp_replicate", "dp_shard_tp"))
-    dp = dense["dp_replicate", "dp_shard"]._flatten("dp")
-    return Meshes(world=world, dense=dense, moe=moe, moe_dense=moe_dense, dp=dp)
+    dp = dense["dp_replicate", "dp_shard", "cp"]._flatten("dp")
+    dense_cp = None
+    if dims.cp > 1:
+        dense_cp = world._unflatten(0, (dims.pp, dims.dp_replicate, dims.dp_shard * dims.cp, dims.tp),
+                                    ("pp", "dp_replicate", "dp_shard_cp", "tp"))
+    return Meshes(world=world, dense=dense, moe=moe, moe_dense=moe_dense, dp=dp, dense_cp=dense_cp)
 
 
 def dense_coordinates(dims: ParallelDims, rank: int) -> tuple[int, int]:
     """(data-parallel rank, tp rank) of ``rank`` in the dense view: which batch slice it reads."""
-    per_stage = dims.dp * dims.tp
+    per_stage = dims.dp * dims.cp * dims.tp
     r = rank % per_stage
-    return r // dims.tp, r % dims.tp
+    return r // (dims.cp * dims.tp), r % dims.tp
+
+
+def context_coordinate(dims: ParallelDims, rank: int) -> int:
+    """The cp rank of ``rank`` in the dense view: which chunks of its sequences it holds."""
+    return rank // dims.tp % dims.cp

@@ -15,8 +15,10 @@ trex.trainer.parallel.placement, which the memory plan reads too):
   and the sequence-balance loss averaged over tp;
 - routed experts: split over ep (expert dim) and etp (hidden dim) as DTensors on the MoE view, dispatched by
   ExpertDispatch, then FSDP2 over edp;
-- router and shared experts: FSDP2 over dp_shard x tp; everything else FSDP2 over dp_shard (HSDP with
-  dp_replicate). Gradients are summed (the loop's loss weights already divide by the global token count).
+- context parallelism (cp): each rank holds a head and a tail chunk of every sequence, mla gathers the key
+  latents over cp (trex.trainer.parallel.context); cp counts as data for FSDP2 and expert routing;
+- router and shared experts: FSDP2 over dp_shard x cp x tp; everything else FSDP2 over dp_shard x cp (HSDP
+  with dp_replicate). Gradients are summed (the loop's loss weights already divide by the global token count).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from trex.trainer.model.layers import MLP
 from trex.trainer.model.model import DeepSeekModel, blocks
 from trex.trainer.model.moe import MoE
 from trex.trainer.model.v4attention import V4Attention
+from trex.trainer.parallel.context import apply_context_parallel
 from trex.trainer.parallel.expert import ExpertDispatch
 from trex.trainer.parallel.mesh import Meshes, ParallelDims
 from trex.trainer.parallel.placement import TP_TABLE
@@ -49,8 +52,11 @@ class Parallelized:
 def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, param_dtype: torch.dtype,
                 reshard_after_forward: bool = True, recompute: str = "none") -> Parallelized:
     """Distribute ``model`` in place (it must hold the same full weights on every rank): tensor and expert
-    parallelism, activation recompute (trex.trainer.parallel.recompute), then FSDP2."""
+    parallelism, context parallelism (trex.trainer.parallel.context), activation recompute
+    (trex.trainer.parallel.recompute), then FSDP2."""
     info = Parallelized()
+    if dims.cp > 1:
+        apply_context_parallel(model, dims, meshes)
     if dims.tp > 1:
         apply_tensor_parallel(model, dims, meshes, info)
     if dims.ep * dims.etp > 1:
