@@ -9,6 +9,7 @@ trex.trainer.rl.objective, trex.trainer.distill.objective); trex.trainer.modes p
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -113,6 +114,9 @@ class RunContext:
     """The data-parallel ranks (None in one process)."""
     ckpt_dir: Path
     rank: int = 0
+    export: Callable[[Path], Path] | None = None
+    """Write the model's Hugging Face export into a folder (collective; set by the loop once the model exists):
+    how an external rollout engine gets the weights."""
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         """Element-wise sum over the data-parallel ranks (identity in a single process)."""

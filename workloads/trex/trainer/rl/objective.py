@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 from torch import nn
@@ -18,6 +18,9 @@ from trex.trainer.parallel.decode import DecodeReplica, decoding
 from trex.trainer.rl.reward import Verifier
 from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, summary
 from trex.verify.items import Item
+
+if TYPE_CHECKING:
+    from trex.trainer.rollout.vllm_engine import VLLMRollouts
 
 
 def grpo_record(st: GRPOStats) -> dict[str, float]:
@@ -40,6 +43,13 @@ class GRPOObjective:
         self.ctx, self.tokenizer, self.replica = ctx, tokenizer, replica
         self.run = GRPORun(ctx.cfg, tokenizer, items, verifier, ctx.ckpt_dir / WAL_DIR, ctx.dp_rank, ctx.dims.dp,
                            ctx.sum_over_ranks, tp_group)
+        self.engine: VLLMRollouts | None = None
+        if ctx.cfg.rollout.engine == "vllm":
+            from trex.trainer.rollout.vllm_engine import VLLMRollouts
+
+            world = ctx.dims.dp * ctx.dims.tp if ctx.meshes is not None else 1
+            self.engine = VLLMRollouts(ctx.cfg.rollout, ctx.ckpt_dir, ctx.rank, world)
+            self.run.engine = self.engine
         self.reference: nn.Module | None = None
         self.steps: list[GRPOStats] = []
         """Every step's statistics in this process (the termination summary)."""
@@ -67,9 +77,13 @@ class GRPOObjective:
     def backward(self, model: nn.Module, step: int) -> Outcome:
         """Rollouts, rewards and the GRPO loss's backward of step ``step``."""
         run, ctx = self.run, self.ctx
+        push = self._push(step)
         t0 = time.perf_counter()
-        with decoding(model, self.replica) as m:
-            rollouts, items = run.rollout(m, step)
+        if self.engine is not None:
+            rollouts, items = run.rollout(None, step)
+        else:
+            with decoding(model, self.replica) as m:
+                rollouts, items = run.rollout(m, step)
         t1 = time.perf_counter()
         rewards = run.score(rollouts, items)
         t2 = time.perf_counter()
@@ -78,11 +92,24 @@ class GRPOObjective:
         stats = run.stats(rollouts, rewards, loss_stats, (t1 - t0, t2 - t1, t3 - t2))
         self.steps.append(stats)
         seq_len = max(len(r.prompt) + len(r.tokens) for r in rollouts)
-        metrics = grpo_record(stats)
+        metrics = {**grpo_record(stats), **push, **run.mismatch.metrics(ctx.cfg.rollout.mismatch_alert)}
         series = [Series(k, v) for k, v in metrics.items()]
         series += [Series("verifier_outcomes_total", n, {"outcome": o}, counter=True) for o, n in stats.outcomes.items()]
         return Outcome({**parts, "total": parts["grpo"]}, counts, float(stats.valid_tokens), stats.forward_tokens,
                        seq_len, stats.responses, metrics, series, {"verifier_outcomes": stats.outcomes}, stats)
+
+    def _push(self, step: int) -> dict[str, float]:
+        """With the vLLM engine: the servers get the weights of policy version ``step`` (the model as it is now) unless
+        they hold them; the push's size and seconds as metrics."""
+        if self.engine is None:
+            return {}
+        if self.ctx.export is None:
+            raise RuntimeError("rollout.engine vllm: the run context has no export (the model is not built)")
+        st = self.engine.ensure(self.ctx.export, step)
+        if st is None:
+            return {}
+        return {"rollout_push_bytes": float(st.bytes), "rollout_push_export_seconds": st.export_seconds,
+                "rollout_push_reload_seconds": st.reload_seconds, "rollout_policy_version": float(step)}
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing: the step number alone places the prompts, and the rollout logs sit beside the checkpoints."""
@@ -103,4 +130,6 @@ class GRPOObjective:
         return f", reward {s['rewardMeanFirst']:.3f} -> {s['rewardMeanLast']:.3f}"
 
     def close(self) -> None:
-        """The rollout logs stay for a resumed step."""
+        """The rollout logs stay for a resumed step; a server this run spawned stops."""
+        if self.engine is not None:
+            self.engine.close()
