@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenizers import Tokenizer
 from torch import nn
@@ -17,10 +17,8 @@ from trex.trainer.objective import Outcome, RunContext, Series
 from trex.trainer.parallel.decode import DecodeReplica, decoding
 from trex.trainer.rl.reward import Verifier
 from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, summary
+from trex.trainer.rollout.vllm_engine import push_for_step, run_engine
 from trex.verify.items import Item
-
-if TYPE_CHECKING:
-    from trex.trainer.rollout.vllm_engine import VLLMRollouts
 
 
 def grpo_record(st: GRPOStats) -> dict[str, float]:
@@ -43,13 +41,8 @@ class GRPOObjective:
         self.ctx, self.tokenizer, self.replica = ctx, tokenizer, replica
         self.run = GRPORun(ctx.cfg, tokenizer, items, verifier, ctx.ckpt_dir / WAL_DIR, ctx.dp_rank, ctx.dims.dp,
                            ctx.sum_over_ranks, tp_group)
-        self.engine: VLLMRollouts | None = None
-        if ctx.cfg.rollout.engine == "vllm":
-            from trex.trainer.rollout.vllm_engine import VLLMRollouts
-
-            world = ctx.dims.dp * ctx.dims.tp if ctx.meshes is not None else 1
-            self.engine = VLLMRollouts(ctx.cfg.rollout, ctx.ckpt_dir, ctx.rank, world)
-            self.run.engine = self.engine
+        self.engine = run_engine(ctx)
+        self.run.engine = self.engine
         self.reference: nn.Module | None = None
         self.steps: list[GRPOStats] = []
         """Every step's statistics in this process (the termination summary)."""
@@ -77,7 +70,7 @@ class GRPOObjective:
     def backward(self, model: nn.Module, step: int) -> Outcome:
         """Rollouts, rewards and the GRPO loss's backward of step ``step``."""
         run, ctx = self.run, self.ctx
-        push = self._push(step)
+        push = push_for_step(self.engine, ctx, step) if self.engine is not None else {}
         t0 = time.perf_counter()
         if self.engine is not None:
             rollouts, items = run.rollout(None, step)
@@ -97,19 +90,6 @@ class GRPOObjective:
         series += [Series("verifier_outcomes_total", n, {"outcome": o}, counter=True) for o, n in stats.outcomes.items()]
         return Outcome({**parts, "total": parts["grpo"]}, counts, float(stats.valid_tokens), stats.forward_tokens,
                        seq_len, stats.responses, metrics, series, {"verifier_outcomes": stats.outcomes}, stats)
-
-    def _push(self, step: int) -> dict[str, float]:
-        """With the vLLM engine: the servers get the weights of policy version ``step`` (the model as it is now) unless
-        they hold them; the push's size and seconds as metrics."""
-        if self.engine is None:
-            return {}
-        if self.ctx.export is None:
-            raise RuntimeError("rollout.engine vllm: the run context has no export (the model is not built)")
-        st = self.engine.ensure(self.ctx.export, step)
-        if st is None:
-            return {}
-        return {"rollout_push_bytes": float(st.bytes), "rollout_push_export_seconds": st.export_seconds,
-                "rollout_push_reload_seconds": st.reload_seconds, "rollout_policy_version": float(step)}
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing: the step number alone places the prompts, and the rollout logs sit beside the checkpoints."""

@@ -22,12 +22,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trex.trainer.config import RolloutConfig
 from trex.trainer.rollout.engine import Rollout, finish_reason
 from trex.trainer.rollout.external import request_seed, token_ids
 from trex.trainer.rollout.sampling import SamplingParams
 from trex.trainer.rollout.vllm_server import VLLMServer, post_json
+
+if TYPE_CHECKING:
+    from trex.trainer.objective import RunContext
 
 STEP_PREFIX = "policy-"
 
@@ -102,18 +106,35 @@ class VLLMEngine:
         assert isinstance(answer, dict)
         return version, answer
 
+    def score(self, prompt: Sequence[int], tokens: Sequence[int], server: int = 0) -> list[float]:
+        """The server's log-probs of ``tokens`` after ``prompt`` (teacher-forced, temperature 1): what it would have
+        recorded had it sampled them."""
+        body = {"model": "policy", "prompt": list(prompt) + list(tokens), "max_tokens": 1, "echo": True,
+                "logprobs": 0, "temperature": 1.0, "return_tokens_as_token_ids": True}
+        answer = post_json(self.servers[server] + "/v1/completions", body, self.timeout_s)
+        assert isinstance(answer, dict)
+        lps = answer["choices"][0]["logprobs"]["token_logprobs"]
+        return [float(x) for x in lps[len(prompt):len(prompt) + len(tokens)]]
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int, *,
-                 sample_ids: Sequence[int] | None = None, max_seq_len: int | None = None) -> list[Rollout]:
+                 sample_ids: Sequence[int] | None = None, max_seq_len: int | None = None,
+                 on_answer: Callable[[int], None] | None = None) -> list[Rollout]:
         """One response per prompt (repeat a prompt for G samples), in order, as the in-process engine returns them:
-        tokens, behaviour log-probs from the server, and per token the policy version it was sampled under."""
+        tokens, behaviour log-probs from the server, and per token the policy version it was sampled under.
+        on_answer(k) runs when prompt k's answer arrives (in a worker thread)."""
         ids = list(range(len(prompts))) if sample_ids is None else list(sample_ids)
         if len(ids) != len(prompts) or len(set(ids)) != len(ids):
             raise ValueError("sample_ids must be distinct, one per prompt")
         budgets = [params.max_new_tokens if max_seq_len is None else min(params.max_new_tokens, max_seq_len - len(p))
                    for p in prompts]
+        def one(k: int) -> tuple[int, dict[str, object]]:
+            answer = self._request(k, list(prompts[k]), params, seed, ids[k], budgets[k])
+            if on_answer is not None:
+                on_answer(k)
+            return answer
+
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
-            answers = list(pool.map(lambda k: self._request(k, list(prompts[k]), params, seed, ids[k], budgets[k]),
-                                    range(len(prompts))))
+            answers = list(pool.map(one, range(len(prompts))))
         newest = max(v for v, _ in answers)
         out = []
         for prompt, sid, budget, (version, answer) in zip(prompts, ids, budgets, answers, strict=True):
@@ -177,3 +198,23 @@ class VLLMRollouts:
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+def run_engine(ctx: RunContext) -> VLLMRollouts | None:
+    """The run's vLLM engine when rollout.engine is vllm (modes grpo and opd), else None."""
+    if ctx.cfg.rollout.engine != "vllm":
+        return None
+    world = ctx.dims.dp * ctx.dims.tp if ctx.meshes is not None else 1
+    return VLLMRollouts(ctx.cfg.rollout, ctx.ckpt_dir, ctx.rank, world)
+
+
+def push_for_step(engine: VLLMRollouts, ctx: RunContext, step: int) -> dict[str, float]:
+    """The servers get the weights of policy version ``step`` (the model as it is now) unless they hold them; the
+    push's size and seconds as step metrics (none when nothing moved)."""
+    if ctx.export is None:
+        raise RuntimeError("rollout.engine vllm: the run context has no export (the model is not built)")
+    st = engine.ensure(ctx.export, step)
+    if st is None:
+        return {}
+    return {"rollout_push_bytes": float(st.bytes), "rollout_push_export_seconds": st.export_seconds,
+            "rollout_push_reload_seconds": st.reload_seconds, "rollout_policy_version": float(step)}
