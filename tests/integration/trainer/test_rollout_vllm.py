@@ -123,6 +123,7 @@ def test_rollouts_on_a_real_vllm_server(tmp_path: Path) -> None:
         _agreement_on_the_served_weights(server, hf, tmp_path)
         _pushes_tag_versions_and_mark_stale_samples(server, tmp_path)
         _grpo_steps_roll_out_on_the_server(server, hf, tmp_path)
+        _opd_steps_roll_out_on_the_server(server, hf, tmp_path)
     finally:
         server.stop()
 
@@ -197,3 +198,26 @@ def _grpo_steps_roll_out_on_the_server(server: VLLMServer, hf: Path, root: Path)
               f"{m['rollout_logprob_mismatch_corr']:.4f}")
     assert _get(server.url + "/weight_info")["weight_version"] == "2"
     assert sorted(p.name for p in (root / "grpo-weights").iterdir()) == ["policy-00000002"]  # keepWeights 1
+
+
+def _opd_steps_roll_out_on_the_server(server: VLLMServer, hf: Path, root: Path) -> None:
+    """mode opd with rollout.engine vllm: the student's samples come from the server, pushed before each step; the
+    SFT export is both the student's start and the teacher, so the reverse KL starts at 0 (up to vLLM's sampling
+    being the student's: the KL is computed by trex on the sampled tokens)."""
+    prompts = root / "opd-prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"n{n}", "question": _question(n), "answer": n}) + "\n"
+                               for n in (1, 2)))
+    cfg = load_section(TrainerConfig, {
+        **BASE, "mode": "opd", "maxSteps": 2,
+        "optimizer": {"schedule": {"warmupSteps": 0, "decay": "none"}, "adamw": {"lr": 0.001}},
+        "data": {"train": str(prompts), "tokenizer": {"path": str(hf / "tokenizer.json")}},
+        "opd": {"teachers": [{"path": str(hf)}], "promptsPerStep": 2, "samplesPerPrompt": 2,
+                "sampling": {"maxNewTokens": 8}, "chunkSize": 64},
+        "rollout": {"engine": "vllm", "servers": [server.url], "maxModelLen": 256,
+                    "weightsDir": str(root / "opd-weights")},
+        "checkpoint": {"dir": str(root / "opd"), "intervalSteps": 1000, "initFromHf": str(hf), "exportHf": False}})
+    res = Trainer(cfg, root, measure_peak=False, log=lambda _m: None).run()
+    assert [r.metrics["rollout_policy_version"] for r in res.history] == [0, 1]
+    assert res.history[0].parts["opd"] == pytest.approx(0.0, abs=1e-6)  # student = teacher at step 0
+    assert all(math.isfinite(r.loss) for r in res.history)
+    assert _get(server.url + "/weight_info")["weight_version"] == "1"
