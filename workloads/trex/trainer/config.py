@@ -11,8 +11,8 @@ from trex.reasoning import ReasoningMode, mode_problems
 from trex.trainer.model_args import ModelArgs
 from trex.trainer.presets import resolve_model_values
 
-Preset = Literal["tiny", "small-cpu", "small-gpu", "v4-flash", "v4-pro"]
-PRESETS: tuple[str, ...] = ("tiny", "small-cpu", "small-gpu", "v4-flash", "v4-pro")
+Preset = Literal["tiny", "tiny-vllm", "small-cpu", "small-gpu", "v4-flash", "v4-pro"]
+PRESETS: tuple[str, ...] = ("tiny", "tiny-vllm", "small-cpu", "small-gpu", "v4-flash", "v4-pro")
 
 
 class ModelOverrides(TrexModel):
@@ -574,20 +574,38 @@ class OPDConfig(TrexModel):
 
 
 class RolloutConfig(TrexModel):
-    """Where modes grpo and opd sample their responses: in this process (a whole decoding replica per rank) or on
-    vLLM servers the trainer pushes its weights to after each optimizer step."""
+    """Where mode grpo and mode opd sample: in process (the trainer's own model, the reference engine) or on vLLM
+    servers fed with the trainer's weights after every optimizer step (trex.trainer.rollout.vllm_engine)."""
 
     engine: Literal["inprocess", "vllm"] = "inprocess"
-    """inprocess: decode on a whole unsharded replica per rank (small models, the reference); vllm: generate on the
-    OpenAI-compatible vLLM servers in ``servers`` (in a TrainJob, spec.rollout.server runs them and fills it in)."""
-    servers: list[str] = Field(default_factory=list, max_length=256)
-    """Base URLs of the vLLM servers (http://host:port), each one server the trainer pushes weights to."""
+    """inprocess: batched KV-cache decoding of the trainer's model; vllm: the servers below."""
+    servers: list[str] = Field(default_factory=list, max_length=1024)
+    """Base URLs of the vLLM servers (http://host:port; started in dev mode, VLLM_SERVER_DEV_MODE=1)."""
+    spawn_local: bool = False
+    """Start one vLLM server on 127.0.0.1 from ``vllmVenv`` instead of connecting to ``servers``."""
+    vllm_venv: str = ".venv-vllm"
+    """The vLLM environment ``spawnLocal`` starts the server from (scripts/vllm-venv.sh makes it)."""
+    max_model_len: int = Field(default=2048, gt=0, le=1_048_576)
+    """``spawnLocal``: the server's context length (prompt + response)."""
+    weights_dir: str | None = None
+    """Folder of the per-version weight exports, readable by the servers at the same path (unset =
+    <checkpoint.dir>/rollout-weights)."""
+    keep_weights: int = Field(default=1, ge=1, le=1000)
+    """Weight folders kept (the newest)."""
+    concurrency: int = Field(default=64, gt=0, le=65_536)
+    """Requests in flight at once over all servers."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Limit of one request (a completion, a reload)."""
+    tis_cap: float | None = Field(default=None, gt=0)
+    """mode grpo: truncated importance sampling, each token's loss weighted by min(pi_trainer / pi_rollout, tisCap)
+    against the gap between the engine's and the trainer's log-probs of the same policy (unset = off)."""
+    mismatch_alert: float = Field(default=0.05, gt=0)
+    """The rollout_logprob_mismatch_alert gauge is 1 when the mean |trainer - engine| log-prob exceeds this."""
 
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:
-        if self.engine == "vllm" and not self.servers:
-            raise ValueError("servers: engine vllm needs at least one server URL (in a TrainJob, spec.rollout.server "
-                             "runs the servers and fills this in: leave engine unset there)")
+        if self.engine == "vllm" and not self.servers and not self.spawn_local:
+            raise ValueError("servers: engine vllm needs at least one server URL (or spawnLocal: true)")
         for i, url in enumerate(self.servers):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"servers.{i}: {url!r} is not an http(s) URL")
@@ -638,7 +656,7 @@ class TrainerConfig(TrexModel):
     opd: OPDConfig = Field(default_factory=OPDConfig)
     """On-policy distillation (mode opd): teachers, estimator, prompts and sampling."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    """Rollout engine of modes grpo and opd: in process or vLLM servers."""
+    """The rollout engine of modes grpo and opd."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

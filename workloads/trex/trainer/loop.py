@@ -196,6 +196,7 @@ class Trainer:
         """The mode's side of each step (trex.trainer.modes)."""
         self.tokenizer = self.objective.tokenizer
         self.model, self.opts = self._fresh()
+        self.context.export = self._export_to
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.detector = SpikeDetector(cfg.stability.window, cfg.stability.z_threshold, cfg.stability.warmup_steps,
                                       cfg.stability.cooldown_steps)
@@ -259,6 +260,13 @@ class Trainer:
         from trex.trainer.export import staged_export
 
         return staged_export(self, self.ckpt.root / f"hf-step-{self.step:08d}")  # every rank writes its part now
+
+    def _export_to(self, directory: Path) -> Path:
+        """The model's Hugging Face export into ``directory`` (every rank writes its shards): the rollout engine's
+        weight push."""
+        from trex.trainer.export import export_trainer
+
+        return export_trainer(self, directory)
 
     # --- state --------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

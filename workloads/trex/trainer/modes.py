@@ -45,10 +45,11 @@ def build_objective(ctx: RunContext, verifier: Verifier | None = None) -> Object
 
 def sampling_layout(ctx: RunContext) -> tuple[DecodeReplica | None, Any]:
     """The decoding replica (tensor / expert parallelism) and the tp group of the sampling modes (grpo, opd): the
-    replica is the whole model rollouts decode on; the tp ranks share this rank's batch and split its rollouts."""
+    replica is the whole model in-process rollouts decode on (none with
+    rollout.engine vllm); the tp ranks share this rank's batch and split its rollouts."""
     if ctx.meshes is None:
         return None, None
     cfg = ctx.cfg
     replica = (DecodeReplica(cfg.model.args, ctx.device, torch_dtype(cfg.model.dtype))
-               if needs_replica(ctx.dims) else None)
+               if needs_replica(ctx.dims) and cfg.rollout.engine == "inprocess" else None)
     return replica, ctx.meshes.dense["tp"].get_group() if ctx.dims.tp > 1 else None

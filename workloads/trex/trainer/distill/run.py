@@ -98,6 +98,8 @@ class OPDRun:
         self.prompt = PromptCache(tokenizer, self.items, o.prompt_format, o.prompt_set, cfg.data.reasoning_mode,
                                   cfg.data.think_max_prompt)
         """Prompt tokens of item i (encoded once)."""
+        self.engine: Any = None
+        """The external rollout engine (a VLLMRollouts, rollout.engine vllm; None: in process)."""
 
     def batch_at(self, step: int) -> list[int]:
         """The item indices of optimizer step ``step``."""
@@ -117,6 +119,9 @@ class OPDRun:
         r = self.ranks
 
         def sample(prompts: list[list[int]], ids: list[int]) -> list[Rollout]:
+            if self.engine is not None:
+                return list(self.engine.engine.generate(prompts, self.params, self.seed, sample_ids=ids,
+                                                        max_seq_len=self.engine.max_seq_len))
             with decoding(model, r.replica) as m:
                 return shared_over(r.tp_group, list(zip(prompts, ids, strict=True)), lambda part: generate(
                     m, [p for p, _ in part], self.params, self.seed, sample_ids=[i for _, i in part],

@@ -49,14 +49,16 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
               advantages: torch.Tensor, mask: torch.Tensor, *, stale: torch.Tensor | None = None,
-              clip_eps: float = 0.2, clip_eps_high: float | None = None, kl_coef: float = 0.0) -> GRPOLoss:
+              clip_eps: float = 0.2, clip_eps_high: float | None = None, kl_coef: float = 0.0,
+              token_weights: torch.Tensor | None = None) -> GRPOLoss:
     """The GRPO loss of a batch of responses.
 
     ``logp`` [B, T]: the current policy's log-probs of the sampled tokens (with grad); ``old_logp`` [B, T]: the
     behaviour log-probs from the rollout; ``ref_logp`` [B, T]: the frozen reference's (None when kl_coef is 0);
     ``advantages`` [B] per response; ``mask`` [B, T]: response tokens (1) vs prompt and padding (0);
     ``stale`` [B, T]: tokens sampled under a stale policy (excluded). The ratio is clipped to
-    [1 - clip_eps, 1 + clip_eps_high] (clip_eps_high defaults to clip_eps).
+    [1 - clip_eps, 1 + clip_eps_high] (clip_eps_high defaults to clip_eps). ``token_weights`` [B, T] (detached)
+    scale each token's policy term (truncated importance sampling, trex.trainer.rl.mismatch; None = 1).
     """
     if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
         raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} "
@@ -78,7 +80,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     high = clip_eps if clip_eps_high is None else clip_eps_high
     unclipped, clipped = ratio * adv, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * adv
     surrogate = torch.minimum(unclipped, clipped)
-    per_token = -surrogate
+    per_token = -surrogate if token_weights is None else -surrogate * token_weights.detach().to(logp.dtype)
     kl = torch.zeros_like(logp)
     if ref_logp is not None:
         kl = k3_kl(logp, ref_logp.detach())

@@ -21,6 +21,7 @@ from trex.trainer.parallel.decode import DecodeReplica, decoding
 from trex.trainer.parallel.mesh import Meshes, ParallelDims
 from trex.trainer.rl.reward import Verifier
 from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, summary
+from trex.trainer.rollout.vllm_engine import push_for_step, run_engine
 from trex.verify.items import Item
 
 
@@ -69,6 +70,8 @@ class GRPOObjective:
         self.ctx, self.tokenizer, self.replica = ctx, tokenizer, replica
         self.run = GRPORun(ctx.cfg, tokenizer, items, verifier, ctx.ckpt_dir / WAL_DIR, ctx.dp_rank, ctx.dims.dp,
                            ctx.sum_over_ranks, tp_group)
+        self.engine = run_engine(ctx)
+        self.run.engine = self.engine
         self.reference: nn.Module | None = None
         self.steps: list[GRPOStats] = []
         """Every step's statistics in this process (the termination summary)."""
@@ -85,9 +88,13 @@ class GRPOObjective:
     def backward(self, model: nn.Module, step: int) -> Outcome:
         """Rollouts, rewards and the GRPO loss's backward of step ``step``."""
         run, ctx = self.run, self.ctx
+        push = push_for_step(self.engine, ctx, step) if self.engine is not None else {}
         t0 = time.perf_counter()
-        with decoding(model, self.replica) as m:
-            rollouts, items = run.rollout(m, step)
+        if self.engine is not None:
+            rollouts, items = run.rollout(None, step)
+        else:
+            with decoding(model, self.replica) as m:
+                rollouts, items = run.rollout(m, step)
         t1 = time.perf_counter()
         rewards = run.score(rollouts, items)
         t2 = time.perf_counter()
@@ -96,7 +103,7 @@ class GRPOObjective:
         stats = run.stats(rollouts, rewards, loss_stats, (t1 - t0, t2 - t1, t3 - t2))
         self.steps.append(stats)
         seq_len = max(len(r.prompt) + len(r.tokens) for r in rollouts)
-        metrics = grpo_record(stats)
+        metrics = {**grpo_record(stats), **push, **run.mismatch.metrics(ctx.cfg.rollout.mismatch_alert)}
         series = [Series(k, v) for k, v in metrics.items()]
         series += [Series("verifier_outcomes_total", n, {"outcome": o}, counter=True) for o, n in stats.outcomes.items()]
         return Outcome({**parts, "total": parts["grpo"]}, counts, float(stats.valid_tokens), stats.forward_tokens,
@@ -121,4 +128,6 @@ class GRPOObjective:
         return f", reward {s['rewardMeanFirst']:.3f} -> {s['rewardMeanLast']:.3f}"
 
     def close(self) -> None:
-        """The rollout logs stay for a resumed step."""
+        """The rollout logs stay for a resumed step; a server this run spawned stops."""
+        if self.engine is not None:
+            self.engine.close()

@@ -27,6 +27,7 @@ from trex.prompt_contract import END, EOS, PAD
 from trex.trainer.config import TrainerConfig
 from trex.trainer.parallel.decode import shared_over
 from trex.trainer.rl.grpo import group_advantages, grpo_loss, linear_token_logprobs
+from trex.trainer.rl.mismatch import Mismatch, tis_correction
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.reward import OUTCOMES as VERIFIER_OUTCOMES
 from trex.trainer.rl.reward import ORVerifier, Reward, RewardWeights, Verifier
@@ -162,6 +163,10 @@ class GRPORun:
                                      max_new_tokens=g.max_new_tokens, stop_tokens=self.stop)
         pad = tokenizer.token_to_id(PAD)
         self.pad = 0 if pad is None else int(pad)
+        self.mismatch = Mismatch()
+        """The current step's engine-vs-trainer log-prob mismatch (reset by each rollout)."""
+        self.engine: Any = None
+        """The external rollout engine (a VLLMRollouts; None: in process)."""
         self.prompt = PromptCache(tokenizer, self.items, g.prompt_format, g.prompt_set, cfg.data.reasoning_mode,
                                   cfg.data.think_max_prompt)
         """Prompt tokens of item i (encoded once)."""
@@ -189,6 +194,12 @@ class GRPORun:
             for old in self.wal_dir.glob(f"step-*-{self.log_name}.wal"):
                 if old != keep:
                     old.unlink()
+
+        self.mismatch = Mismatch()
+        if self.engine is not None:
+            return (self.engine.engine.generate(prompts, self.params, self.cfg.seed, sample_ids=ids,
+                                                max_seq_len=self.engine.max_seq_len),
+                    [self.items[i] for _, i in mine for _ in range(g)])
 
         def decode(part: list[tuple[list[int], int]]) -> list[Rollout]:
             wal = RolloutLog(keep, self.cfg.grpo.wal_fsync_every)
@@ -249,8 +260,10 @@ class GRPORun:
                 loss = logp.sum() * 0.0
                 stats = {"grpo": 0.0, "kl": 0.0, "clip_fraction": 0.0}
             else:
-                res = grpo_loss(logp, batch.old_logp.to(device), ref_logp, adv[start:start + mb].to(device), mask,
-                                stale=st, clip_eps=g.clip_eps, clip_eps_high=g.clip_eps_high, kl_coef=g.kl_coef)
+                old, weights = self.behaviour(logp, batch.old_logp.to(device), mask & ~st)
+                res = grpo_loss(logp, old, ref_logp, adv[start:start + mb].to(device), mask, stale=st,
+                                clip_eps=g.clip_eps, clip_eps_high=g.clip_eps_high, kl_coef=g.kl_coef,
+                                token_weights=weights)
                 loss = res.loss
                 stats = {"grpo": float(res.loss.detach()), "kl": float(res.kl), "clip_fraction": float(res.clip_fraction)}
             weight = n / total
@@ -260,6 +273,18 @@ class GRPORun:
             for k, v in stats.items():
                 parts[k] += v * weight
         return {"grpo": parts["grpo"]}, counts, parts
+
+    def behaviour(self, logp: torch.Tensor, rollout_logp: torch.Tensor,
+                  valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The old log-probs of the PPO ratio and the per-token loss weights: with an external engine the mismatch
+        of its log-probs to the trainer's is counted (self.mismatch) and, with rollout.tisCap, corrected by
+        truncated importance sampling; otherwise the rollout's log-probs as they are."""
+        if self.cfg.rollout.engine == "inprocess":
+            return rollout_logp, None
+        self.mismatch.add(logp, rollout_logp, valid)
+        if self.cfg.rollout.tis_cap is None:
+            return rollout_logp, None
+        return tis_correction(logp, rollout_logp, self.cfg.rollout.tis_cap)
 
     def stats(self, rollouts: Sequence[Rollout], rewards: Sequence[Reward], loss_stats: dict[str, float],
               seconds: tuple[float, float, float]) -> GRPOStats:

@@ -6,10 +6,8 @@ with the policy version the caller states the server holds (the OpenAI API does 
 Token ids come back when the server writes them into the token text (vLLM's
 ``return_tokens_as_token_ids`` request field, passed through the client's ``extra_body``).
 
-Weights are not pushed from here. What the servers offer (docs/ARCHITECTURE.md, "Rollouts"): SGLang
-reloads a checkpoint directory with ``POST /update_weights_from_disk``; vLLM's weight-transfer
-endpoints (dev mode) only set up the transfer, the tensors travel over NCCL or CUDA IPC from a GPU
-process of the trainer. Neither can be exercised on a CPU-only machine, so trex does not claim them.
+Weights are not pushed from here: ``rollout.engine: vllm`` (trex.trainer.rollout.vllm_engine) samples through
+vLLM's completions endpoint with token-id prompts and pushes the trainer's weights after every optimizer step.
 """
 
 from __future__ import annotations
