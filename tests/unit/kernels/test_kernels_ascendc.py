@@ -116,3 +116,47 @@ def test_rendered_templates_carry_the_soc_form_of_the_cache_clean() -> None:
     assert "DataCacheCleanAndInvalid<float, CacheLine::SINGLE_CACHE_LINE>(g)" in p310
     # the UB account includes the ReduceSum work buffer and the 16-float result block
     assert ub_bytes("rmsnorm_fwd", params) == (3 * 2 + 1) * 1024 * 4 + (16 + 16) * 4
+
+
+BF16_SHAPES = [("rmsnorm_fwd", {"rows": 512, "cols": 7168}), ("rmsnorm_fwd", {"rows": 3, "cols": 48}),
+               ("swiglu_clamp_fwd", {"rows": 1000, "cols": 18432})]
+
+
+@pytest.mark.parametrize("soc", sorted(SOCS))
+@pytest.mark.parametrize(("name", "shape"), BF16_SHAPES)
+def test_bf16_planned_tilings_fit_and_render(soc: str, name: str, shape: dict[str, int]) -> None:
+    be = AscendCBackend(soc=soc)
+    spec = SUITE[name]
+    ranked = plan_tiling(spec, shape, be, k=3, dtype="bf16")
+    assert ranked
+    for params, t, _ in ranked:
+        assert t.ub_bytes == ub_bytes(name, params, "bf16") <= SOCS[soc].ub_bytes
+        assert (t.tile_len * 2) % 32 == 0
+        src = be.render(spec, params, "bf16")
+        assert "#define T_IN bfloat16_t" in src and "#define TREX_BF16 1" in src
+
+
+def test_bf16_ub_account_has_half_size_queues_and_fp32_work_tiles() -> None:
+    p = {"TILE_LEN": 1024, "BUFFER_NUM": 2}
+    # rmsnorm: x, w, y queues of bf16 twice; fp32 x^2 / x and w tiles; ReduceSum work and the 16-float block
+    assert ub_bytes("rmsnorm_fwd", p, "bf16") == 3 * 2 * 1024 * 2 + 2 * 1024 * 4 + (16 + 16) * 4
+    # swiglu: g, u, y queues of bf16 twice; fp32 g, u and exp tiles
+    assert ub_bytes("swiglu_clamp_fwd", p, "bf16") == 3 * 2 * 1024 * 2 + 3 * 1024 * 4
+    spec = SUITE["swiglu_clamp_fwd"]
+    two = {"TILE_LEN": 8192, "BUFFER_NUM": 2, "BLOCK_DIM": 8}  # fp32 overflows 192 KiB (224 KiB); bf16 is 192 KiB
+    assert make_tiling(spec, {"rows": 8, "cols": 65536}, two, "ascend910b", "bf16").ub_bytes == 192 << 10
+
+
+def test_bf16_alignment_and_dtype_are_checked() -> None:
+    spec = SUITE["rmsnorm_fwd"]
+    one = {"TILE_LEN": 256, "BUFFER_NUM": 1, "BLOCK_DIM": 4}
+    make_tiling(spec, {"rows": 4, "cols": 1000}, one, "ascend910b")  # 1000 fp32 = 125 blocks
+    with pytest.raises(ValueError, match="row length 1000 bf16 is not 32-byte aligned"):
+        make_tiling(spec, {"rows": 4, "cols": 1000}, one, "ascend910b", "bf16")
+    with pytest.raises(ValueError, match="TILE_LEN=8"):
+        make_tiling(spec, {"rows": 4, "cols": 64}, {**one, "TILE_LEN": 8}, "ascend910b", "bf16")
+    with pytest.raises(ValueError, match="dtype 'bf16'"):
+        make_tiling(SUITE["rope_fwd"], {"tokens": 4, "heads": 2, "dim": 64}, one, "ascend910b", "bf16")
+    be = AscendCBackend()
+    assert be.supports(spec, "bf16") and not be.supports(SUITE["rope_fwd"], "bf16")
+    assert "#define T_IN float" in be.render(spec, one, "fp32")

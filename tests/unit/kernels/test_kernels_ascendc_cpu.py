@@ -1,7 +1,9 @@
 """npu-ascendc templates, compiled with g++ against a CPU stand-in of the Ascend C API (ascendc_cpu/) and run core
 by core: results match the suite's float64 references, and each API rule the templates once broke (ReduceSum's
 work buffer, the V->S flag before GetValue, DataCacheCleanAndInvalid after SetValue, cache lines shared between
-cores) is caught when a rendered kernel breaks it. Needs g++ (skipped without, saying so)."""
+cores) is caught when a rendered kernel breaks it. The bf16 variants (bf16 queues, fp32 work tiles, Cast back with
+CAST_RINT) meet the suite's bf16 tolerance, and RMSNorm's y is bit-identical to torch's fp32-compute-then-bfloat16
+rounding. Needs g++ (skipped without, saying so)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from trex.kernels.backends.ascendc import (
     reduce_work_len,
 )
 from trex.kernels.suite import SUITE
+from trex.kernels.suite.base import torch_dtype
 
 HERE = Path(__file__).resolve().parent
 GXX = shutil.which("g++")
@@ -31,7 +34,7 @@ pytestmark = pytest.mark.skipif(GXX is None, reason="g++ missing: the AscendC CP
 
 TILING_H = (Path(__import__("trex.kernels.backends", fromlist=["x"]).__file__).parent / "ascendc_templates"
             / "tiling.h").read_text(encoding="utf-8")
-MACROS = ("TILE_LEN", "BUFFER_NUM", "KERNEL_NAME", "RED_WORK_LEN", "TREX_DCCI")
+MACROS = ("TILE_LEN", "BUFFER_NUM", "KERNEL_NAME", "RED_WORK_LEN", "TREX_DCCI", "T_IN", "TREX_BF16")
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,13 @@ def _bundle(variants: list[Variant], out: Path) -> ctypes.CDLL:
     return dll
 
 
-def _run(dll: ctypes.CDLL, key: str, name: str, shape: dict[str, int], t: AscendTiling, soc: str
+def _run(dll: ctypes.CDLL, key: str, name: str, shape: dict[str, int], t: AscendTiling, soc: str,
+         dtype: str = "fp32", inputs: dict[str, torch.Tensor] | None = None
          ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], str | None]:
     """Run built variant ``key`` of kernel ``name`` on the CPU stand-in: (outputs, float64 reference, error)."""
     spec = SUITE[name]
-    inputs = spec.make_inputs(shape, "fp32", 0)
-    outs = {b.name: torch.full(b.shape(shape), float("nan"), dtype=torch.float32) for b in spec.outputs}
+    inputs = spec.make_inputs(shape, dtype, 0) if inputs is None else inputs
+    outs = {b.name: torch.full(b.shape(shape), float("nan"), dtype=torch_dtype(b.role, dtype)) for b in spec.outputs}
     packed = bytearray(t.pack())
     tiling_buf = (ctypes.c_uint8 * len(packed)).from_buffer(packed)
     ptrs = [ctypes.c_void_p(inputs[b.name].data_ptr()) for b in spec.inputs]
@@ -101,6 +105,13 @@ CASES = [("rmsnorm_fwd", {"rows": 37, "cols": 1000}, {"TILE_LEN": 256, "BUFFER_N
          ("swiglu_clamp_fwd", {"rows": 9, "cols": 136}, {"TILE_LEN": 64, "BUFFER_NUM": 2, "BLOCK_DIM": 4}),
          ("rope_fwd", {"tokens": 7, "heads": 5, "dim": 144}, {"TILE_LEN": 64, "BUFFER_NUM": 2, "BLOCK_DIM": 6}),
          ("rope_inv", {"tokens": 5, "heads": 3, "dim": 64}, {"TILE_LEN": 256, "BUFFER_NUM": 1, "BLOCK_DIM": 2})]
+
+
+BF16_CASES = [("rmsnorm_fwd", {"rows": 37, "cols": 1008}, {"TILE_LEN": 256, "BUFFER_NUM": 2, "BLOCK_DIM": 8}),
+              ("rmsnorm_fwd", {"rows": 64, "cols": 2048}, {"TILE_LEN": 2048, "BUFFER_NUM": 1, "BLOCK_DIM": 40}),
+              ("swiglu_clamp_fwd", {"rows": 9, "cols": 144}, {"TILE_LEN": 64, "BUFFER_NUM": 2, "BLOCK_DIM": 4}),
+              ("swiglu_clamp_fwd", {"rows": 33, "cols": 4096}, {"TILE_LEN": 1024, "BUFFER_NUM": 2, "BLOCK_DIM": 40})]
+"""bf16 problems: row lengths in whole 16-element (32-byte) blocks, tails shorter than a tile."""
 
 
 RMS = ("rmsnorm_fwd", {"rows": 40, "cols": 512}, CASES[0][2])
@@ -124,6 +135,11 @@ def dll(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     for i, (old, new, _) in enumerate(BROKEN):
         assert old in rms
         variants.append(Variant(f"b{i}", RMS[0], rms.replace(old, new)))
+    variants += [Variant(f"h{i}", name, AscendCBackend().render(SUITE[name], params, "bf16"))
+                 for i, (name, _, params) in enumerate(BF16_CASES)]
+    rms16 = AscendCBackend().render(SUITE[RMS[0]], RMS[2], "bf16")
+    assert rms16.count("RoundMode::CAST_RINT") == 1
+    variants.append(Variant("hnone", RMS[0], rms16.replace("RoundMode::CAST_RINT", "RoundMode::CAST_NONE")))
     return _bundle(variants, tmp_path_factory.mktemp("ascendc-cpu"))
 
 
@@ -165,3 +181,39 @@ def test_cores_never_share_an_rstd_cache_line(dll: ctypes.CDLL) -> None:
 @pytest.mark.parametrize(("count", "work"), [(1, 8), (64, 8), (65, 8), (512, 8), (513, 16), (16384, 256)])
 def test_reduce_work_len_follows_the_api_formula(count: int, work: int) -> None:
     assert reduce_work_len(count) == work
+
+
+@pytest.mark.parametrize("case", range(len(BF16_CASES)), ids=lambda i: f"{BF16_CASES[i][0]}-{BF16_CASES[i][1]}")
+def test_bf16_templates_match_the_float64_reference(dll: ctypes.CDLL, case: int) -> None:
+    name, shape, params = BF16_CASES[case]
+    spec = SUITE[name]
+    outs, ref, error = _run(dll, f"h{case}", name, shape, make_tiling(spec, shape, params, "ascend910b", "bf16"),
+                            "ascend910b", "bf16")
+    assert error is None, error
+    rtol, atol = spec.tol["bf16"]
+    for b in spec.outputs:
+        assert outs[b.name].dtype == torch_dtype(b.role, "bf16")
+        torch.testing.assert_close(outs[b.name].double(), ref[b.name], rtol=rtol, atol=atol)
+    if name == "rmsnorm_fwd":  # rstd is fp32 in GM: fp32 accuracy, not bf16's
+        torch.testing.assert_close(outs["rstd"].double(), ref["rstd"], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_bf16_rmsnorm_rounds_like_torch(dll: ctypes.CDLL, case: int) -> None:
+    """y is x.float() * rstd * w.float() in fp32, rounded once to bf16 (nearest even): bit-identical to torch."""
+    name, shape, params = BF16_CASES[case]
+    inputs = SUITE[name].make_inputs(shape, "bf16", 0)
+    outs, _, error = _run(dll, f"h{case}", name, shape, make_tiling(SUITE[name], shape, params, "ascend910b", "bf16"),
+                          "ascend910b", "bf16", inputs)
+    assert error is None, error
+    want = (inputs["x"].float() * outs["rstd"][:, None] * inputs["w"].float()).bfloat16()
+    assert torch.equal(outs["y"].view(torch.int16), want.view(torch.int16))
+    truncated = (inputs["x"].float() * outs["rstd"][:, None] * inputs["w"].float()).view(torch.int32) >> 16
+    assert not torch.equal(outs["y"].view(torch.int16).int(), truncated)  # the inputs exercise the rounding
+
+
+def test_bf16_narrowing_cast_needs_a_rounding_mode(dll: ctypes.CDLL) -> None:
+    name, shape, params = RMS
+    _, _, error = _run(dll, "hnone", name, shape, make_tiling(SUITE[name], shape, params, "ascend910b", "bf16"),
+                       "ascend910b", "bf16")
+    assert error is not None and "CAST_NONE is the exact widening mode" in error

@@ -19,7 +19,8 @@ def test_coverage_agrees_with_backend_supports(backend: str) -> None:
 
 
 @pytest.mark.parametrize(("fields", "words"), [
-    ({"backend": "npu-ascendc", "dtypes": ["bf16"]}, "dtypes: backend npu-ascendc has no bf16 template for any kernel"),
+    ({"backend": "npu-ascendc", "kernels": ["rope_fwd"], "dtypes": ["bf16"]},
+     "dtypes: backend npu-ascendc has no bf16 template for rope_fwd (it has fp32)"),
     ({"backend": "npu-ascendc", "kernels": ["router_topk"]}, "kernels: backend npu-ascendc has no template for router_topk"),
     ({"backend": "cpu-c", "kernels": ["mhc_pre"], "dtypes": ["fp32", "bf16"]}, "dtypes: backend cpu-c has no bf16 template for mhc_pre"),
     ({"backend": "cuda-triton", "kernels": ["grouped_gemm"], "dtypes": ["fp32", "bf16"]},
@@ -47,6 +48,9 @@ def _planned(**fields: object) -> set[tuple[str, str]]:
 def test_covered_requests_accepted() -> None:
     assert _planned(backend="npu-ascendc", kernels=["rmsnorm_fwd", "rope_inv"]) == {
         ("rmsnorm_fwd", "fp32"), ("rope_inv", "fp32")}
+    # bf16 templates exist for RMSNorm and SwiGLU only: RoPE is tuned in fp32 alone
+    assert _planned(backend="npu-ascendc", dtypes=["fp32", "bf16"]) == {(n, "fp32") for n in (
+        "rmsnorm_fwd", "swiglu_clamp_fwd", "rope_fwd", "rope_inv")} | {("rmsnorm_fwd", "bf16"), ("swiglu_clamp_fwd", "bf16")}
     assert _planned(backend="cuda-triton", suite="none", kernels=["router_topk", "grouped_gemm", "mhc_pre"]) == {
         ("router_topk", "fp32"), ("grouped_gemm", "fp32"), ("mhc_pre", "fp32")}
     # the whole suite but rmsnorm_bwd, which has no Triton template

@@ -6,7 +6,10 @@
    - ReduceSum's work buffer is distinct from its source and at least the documented size;
    - a scalar GetValue of a vector result follows a V->S SetFlag/WaitFlag;
    - GlobalTensor::SetValue goes to the core's data cache: only DataCacheCleanAndInvalid writes the line to
-     GM, an unflushed line at the end of a core is an error, and two cores flushing one line is an error.
+     GM, an unflushed line at the end of a core is an error, and two cores flushing one line is an error;
+   - bfloat16_t is a 16-bit storage type with no arithmetic (vector ops on it do not compile); Cast converts:
+     bfloat16_t->float with CAST_NONE (exact), float->bfloat16_t with CAST_RINT (round to nearest, ties to
+     even) or CAST_TRUNC; any other pairing or mode is reported.
    Not an emulator of timing or of the vector ISA beyond element-wise results. */
 #ifndef TREX_ASCENDC_CPU_KERNEL_OPERATOR_H
 #define TREX_ASCENDC_CPU_KERNEL_OPERATOR_H
@@ -19,6 +22,12 @@
 #include <string>
 #include <vector>
 
+/* bf16 storage: the top 16 bits of an IEEE float; only Cast converts it */
+struct bfloat16_t {
+  uint16_t bits;
+};
+static_assert(sizeof(bfloat16_t) == 2, "bfloat16_t is 16 bits");
+
 #define __aicore__
 #define __global__
 #define __gm__
@@ -30,6 +39,7 @@ enum class HardEvent { V_S, S_V, MTE2_V, V_MTE3, MTE3_V, MTE2_S, S_MTE3 };
 enum class CacheLine { SINGLE_CACHE_LINE, ENTIRE_DATA_CACHE };
 enum class DcciDst { CACHELINE_ALL, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
 typedef int event_t;
+enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
 
 inline void fail(const std::string &rule) { throw std::runtime_error(rule); }
 
@@ -228,6 +238,35 @@ TREX_UNARY(Sqrt, std::sqrt(x))
 template <typename T> inline void Duplicate(const LocalTensor<T> &d, T v, int32_t n) {
   check(d, n);
   for (int32_t i = 0; i < n; ++i) d.ptr[i] = v;
+  written(d);
+}
+
+inline float bf16_to_float(bfloat16_t b) {
+  uint32_t u = (uint32_t)b.bits << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline bfloat16_t float_to_bf16(float f, RoundMode mode) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return bfloat16_t{(uint16_t)((u >> 16) | 0x40u)};  /* stays a quiet NaN */
+  if (mode == RoundMode::CAST_RINT) u += 0x7fffu + ((u >> 16) & 1u);     /* ties to the even bf16 */
+  else if (mode != RoundMode::CAST_TRUNC) fail("Cast float->bfloat16_t: only CAST_RINT and CAST_TRUNC are modelled "
+                                              "(CAST_NONE is the exact widening mode, not a rounding)");
+  return bfloat16_t{(uint16_t)(u >> 16)};
+}
+
+/* Cast(dst, src, roundMode, count): bfloat16_t->float (CAST_NONE) and float->bfloat16_t (CAST_RINT / CAST_TRUNC). */
+inline void Cast(const LocalTensor<float> &d, const LocalTensor<bfloat16_t> &a, RoundMode mode, uint32_t n) {
+  check(d, (int32_t)n); check(a, (int32_t)n);
+  if (mode != RoundMode::CAST_NONE) fail("Cast bfloat16_t->float is exact: it takes CAST_NONE");
+  for (uint32_t i = 0; i < n; ++i) d.ptr[i] = bf16_to_float(a.ptr[i]);
+  written(d);
+}
+inline void Cast(const LocalTensor<bfloat16_t> &d, const LocalTensor<float> &a, RoundMode mode, uint32_t n) {
+  check(d, (int32_t)n); check(a, (int32_t)n);
+  for (uint32_t i = 0; i < n; ++i) d.ptr[i] = float_to_bf16(a.ptr[i], mode);
   written(d);
 }
 

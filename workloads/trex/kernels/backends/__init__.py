@@ -39,7 +39,7 @@ def coverage(name: str) -> dict[str, tuple[str, ...]]:
 
         return {k: SUITE[k].dtypes for k in TRITON_KERNELS}
     if name == "npu-ascendc":
-        from trex.kernels.backends.ascendc import ASCEND_DTYPES, ASCEND_KERNELS
+        from trex.kernels.backends.ascendc import ASCEND_KERNEL_DTYPES
 
-        return {k: ASCEND_DTYPES for k in ASCEND_KERNELS}
+        return dict(ASCEND_KERNEL_DTYPES)
     raise ValueError(f"backend {name!r} unknown; expected cpu-c, cuda-triton or npu-ascendc")

@@ -8,8 +8,16 @@ Ascend310P: 262144 B = 256 KiB. UB addresses must be 32-byte aligned (CANN Ascen
 halves the tile that fits. Core counts are the vector-core counts of those ini files (`vector_core_cnt`
 / `ai_core_cnt`); check them against the installed CANN for other SKUs.
 
+Element types: fp32 for every template; bf16 for rmsnorm_fwd and swiglu_clamp_fwd (one template per kernel,
+T_IN = bfloat16_t: bf16 in GM and in the in/out queues, AscendC::Cast to fp32 work tiles with CAST_NONE, fp32
+arithmetic, Cast back with CAST_RINT before the copy out; RMSNorm's rstd stays fp32). RoPE is fp32 only.
+
 Compiling and running needs CANN (ccec and ASCEND_HOME_PATH) and torch_npu; without them compile()
-raises BackendUnavailable.
+raises BackendUnavailable. What has NOT run: no template (fp32 or bf16) has been built by CANN's ccec or run on
+an NPU. They are compiled with g++ and run core by core against a CPU stand-in of the Ascend C API
+(tests/unit/kernels/ascendc_cpu/kernel_operator.h), which checks results against float64 references and the
+API rules it models (UB size and alignment, DataCopy blocks, ReduceSum work size, V->S flags, scalar-cache
+cleaning), not ccec's acceptance of the code, the real Cast instruction or timing.
 """
 
 from __future__ import annotations
@@ -67,10 +75,19 @@ ASCEND_KERNELS: dict[str, tuple[str, str]] = {
     "rope_fwd": ("rope.cpp", "trex_rope_fwd"),
     "rope_inv": ("rope.cpp", "trex_rope_inv"),
 }
-ASCEND_DTYPES: tuple[str, ...] = ("fp32",)
-"""Element types the templates are written for (their queues, Muls/ReduceSum calls and tiling are fp32)."""
-# queue slots per buffer (x BUFFER_NUM) and single scratch tiles, in TILE_LEN fp32 units
-_QUEUE_TILES = {"rmsnorm_fwd": (3, 1), "swiglu_clamp_fwd": (3, 1), "rope_fwd": (6, 1), "rope_inv": (6, 1)}
+ASCEND_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+"""Element types some template is written for (see ASCEND_KERNEL_DTYPES for which kernel has which)."""
+ASCEND_KERNEL_DTYPES: dict[str, tuple[str, ...]] = {
+    "rmsnorm_fwd": ("fp32", "bf16"), "swiglu_clamp_fwd": ("fp32", "bf16"), "rope_fwd": ("fp32",), "rope_inv": ("fp32",),
+}
+"""Element types each template is written for (bf16: bf16 queues, fp32 work tiles and arithmetic)."""
+_T_IN = {"fp32": "float", "bf16": "bfloat16_t"}
+# queue slots per buffer (x BUFFER_NUM, TILE_LEN elements of the dtype each) and single fp32 scratch tiles
+# (TILE_LEN fp32 each) per dtype: bf16 adds the fp32 tiles its inputs are cast into
+_QUEUE_TILES: dict[str, tuple[int, dict[str, int]]] = {
+    "rmsnorm_fwd": (3, {"fp32": 1, "bf16": 2}), "swiglu_clamp_fwd": (3, {"fp32": 1, "bf16": 3}),
+    "rope_fwd": (6, {"fp32": 1}), "rope_inv": (6, {"fp32": 1}),
+}
 _SCALAR_WRITERS = ("rmsnorm_fwd",)
 """Kernels that write GM through the scalar unit (GlobalTensor::SetValue + DataCacheCleanAndInvalid)."""
 
@@ -102,12 +119,21 @@ def reduce_work_len(count: int) -> int:
     return -(-repeats // 8) * 8
 
 
-def ub_bytes(kernel: str, params: Mapping[str, int]) -> int:
-    """UB bytes the kernel allocates for these parameters (fp32 elements)."""
+def elem_size(dtype: str) -> int:
+    """Bytes of one GM / queue element of a template dtype; ValueError naming the dtype when unknown."""
+    if dtype not in _T_IN:
+        raise ValueError(f"dtype {dtype!r}: npu-ascendc templates take one of {sorted(_T_IN)}")
+    return 2 if dtype == "bf16" else 4
+
+
+def ub_bytes(kernel: str, params: Mapping[str, int], dtype: str = "fp32") -> int:
+    """UB bytes the kernel allocates for these parameters: queues of ``dtype`` elements, fp32 scratch tiles."""
     q, scratch = _QUEUE_TILES[kernel]
+    if dtype not in scratch:
+        raise ValueError(f"npu-ascendc has no {dtype} template for {kernel}")
     tile = int(params["TILE_LEN"])
     extra = (reduce_work_len(tile) + 16) * 4 if kernel == "rmsnorm_fwd" else 0
-    return (q * int(params["BUFFER_NUM"]) + scratch) * tile * 4 + extra
+    return q * int(params["BUFFER_NUM"]) * tile * elem_size(dtype) + scratch[dtype] * tile * 4 + extra
 
 
 def _rows_cols(spec: KernelSpec, shape: Mapping[str, int]) -> tuple[int, int, float]:
@@ -117,25 +143,31 @@ def _rows_cols(spec: KernelSpec, shape: Mapping[str, int]) -> tuple[int, int, fl
     return shape["rows"], shape["cols"], float(scalar)
 
 
-def make_tiling(spec: KernelSpec, shape: Mapping[str, int], params: Mapping[str, int], soc: str) -> AscendTiling:
+def make_tiling(spec: KernelSpec, shape: Mapping[str, int], params: Mapping[str, int], soc: str,
+                dtype: str = "fp32") -> AscendTiling:
     """Host tiling for a problem; ValueError naming the violated rule when it cannot fit or align."""
     if spec.name not in ASCEND_KERNELS:
         raise ValueError(f"npu-ascendc has no template for {spec.name}")
+    if dtype not in ASCEND_KERNEL_DTYPES[spec.name]:
+        raise ValueError(f"dtype {dtype!r}: npu-ascendc's {spec.name} template takes {list(ASCEND_KERNEL_DTYPES[spec.name])}")
     chip = SOCS[soc]
     tile, bufs, cores = int(params["TILE_LEN"]), int(params["BUFFER_NUM"]), int(params["BLOCK_DIM"])
-    if (tile * 4) % UB_ALIGN:
-        raise ValueError(f"params.TILE_LEN={tile}: tiles must be multiples of {UB_ALIGN} bytes (8 fp32)")
+    esz = elem_size(dtype)
+    if (tile * esz) % UB_ALIGN:
+        raise ValueError(f"params.TILE_LEN={tile}: tiles must be multiples of {UB_ALIGN} bytes "
+                         f"({UB_ALIGN // esz} {dtype})")
     if bufs not in (1, 2):
         raise ValueError(f"params.BUFFER_NUM={bufs}: must be 1 or 2")
     if not 1 <= cores <= chip.cores:
         raise ValueError(f"params.BLOCK_DIM={cores}: {soc} has {chip.cores} vector cores")
-    used = ub_bytes(spec.name, params)
+    used = ub_bytes(spec.name, params, dtype)
     if used > chip.ub_bytes:
         raise ValueError(f"tiling needs {used} B of UB but {soc} has {chip.ub_bytes} B per core "
                          f"(TILE_LEN={tile}, BUFFER_NUM={bufs}); lower TILE_LEN or use single buffering")
     rows, cols, scalar = _rows_cols(spec, shape)
-    if (cols * 4) % UB_ALIGN:
-        raise ValueError(f"row length {cols} fp32 is not 32-byte aligned; these templates copy whole 32 B blocks")
+    if (cols * esz) % UB_ALIGN:
+        raise ValueError(f"row length {cols} {dtype} is not 32-byte aligned ({UB_ALIGN // esz} elements); these "
+                         "templates copy whole 32 B blocks")
     per_core = -(-rows // cores)
     if spec.name in _SCALAR_WRITERS:  # whole cache lines of the per-row output per core
         line = CACHE_LINE // 4
@@ -202,7 +234,7 @@ class AscendCompiled(Compiled):
              shape: Mapping[str, int]) -> Callable[[], None]:
         import torch
 
-        t = make_tiling(self.spec, shape, self.params, self._soc)
+        t = make_tiling(self.spec, shape, self.params, self._soc, self.dtype)
         dev = next(iter(inputs.values())).device
         tiling = torch.frombuffer(bytearray(t.pack()), dtype=torch.uint8).to(dev)
         ptrs = [ctypes.c_void_p(inputs[b.name].data_ptr()) for b in self.spec.inputs]
@@ -228,7 +260,7 @@ class AscendCBackend(Backend):
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ascendc"
 
     def supports(self, spec: KernelSpec, dtype: str) -> bool:
-        return spec.name in ASCEND_KERNELS and dtype in ASCEND_DTYPES
+        return dtype in ASCEND_KERNEL_DTYPES.get(spec.name, ())
 
     def param_space(self, spec: KernelSpec, shape: Mapping[str, int]) -> ParamSpace:
         cores = SOCS[self.soc].cores
@@ -245,6 +277,7 @@ class AscendCBackend(Backend):
         tile = int(params["TILE_LEN"])
         head = [f"// trex npu-ascendc {spec.name} soc={self.soc}", f"#define TILE_LEN {tile}",
                 f"#define BUFFER_NUM {int(params['BUFFER_NUM'])}", f"#define KERNEL_NAME {entry}",
+                f"#define T_IN {_T_IN[dtype]}", f"#define TREX_BF16 {int(dtype == 'bf16')}",
                 f"#define RED_WORK_LEN {reduce_work_len(tile)}", f"#define TREX_DCCI(g) {_dcci(self.soc)}"]
         body = _template(fname).replace('#include "tiling.h"', _template("tiling.h"))
         return "\n".join(head) + "\n" + body
@@ -268,29 +301,30 @@ class AscendCBackend(Backend):
         cores = int(params["BLOCK_DIM"])
         per_core = -(-rows // cores)
         tiles = per_core * -(-cols // int(params["TILE_LEN"]))
-        mem = spec.bytes_moved(shape, 4) / facts.bandwidth * (facts.cores / max(cores, 1)) ** 0.5
+        mem = spec.bytes_moved(shape, elem_size(dtype)) / facts.bandwidth * (facts.cores / max(cores, 1)) ** 0.5
         issue = tiles * (1.5e-6 if int(params["BUFFER_NUM"]) == 1 else 0.6e-6)
         return float(mem + issue + 5e-6)
 
     def tiling_model(self, spec: KernelSpec, shape: Mapping[str, int], dtype: str, facts: DeviceFacts,
                      capacity: float | None = None) -> TilingModel:
-        """UB MILP: queue footprint (BUFFER_NUM copies of every queue tile plus scratch) within the UB, tiles
-        of whole 32-byte blocks no longer than the padded row, at most one core per row; HBM time over the
+        """UB MILP: queue footprint (BUFFER_NUM copies of every queue tile in ``dtype`` plus fp32 scratch) within
+        the UB, tiles of whole 32-byte blocks of ``dtype`` no longer than the padded row, at most one core per row; HBM time over the
         cores used, per-tile issue cost exposed without double buffering (a_1 = 1, a_2 = 0), launch cost."""
         space = self.param_space(spec, shape)
         rows, cols, _ = _rows_cols(spec, shape)
         cap = float(capacity if capacity is not None else self.ub_capacity())
+        esz = elem_size(dtype)
         forbid: dict[tuple[str, int], str] = {}
         for t in space["TILE_LEN"]:
-            if (t * 4) % UB_ALIGN:
+            if (t * esz) % UB_ALIGN:
                 forbid[("TILE_LEN", t)] = f"TILE_LEN not a multiple of {UB_ALIGN} bytes"
             elif t > max(256, 1 << (cols - 1).bit_length()):
                 forbid[("TILE_LEN", t)] = "TILE_LEN longer than the padded row"
         for c in space["BLOCK_DIM"]:
             if c > max(1, rows):
                 forbid[("BLOCK_DIM", c)] = "more cores than rows"
-        moved, fl = spec.bytes_moved(shape, 4), spec.flops(shape)
-        foot: dict[Combo, float] = {(t, b): float(ub_bytes(spec.name, {"TILE_LEN": t, "BUFFER_NUM": b}))
+        moved, fl = spec.bytes_moved(shape, esz), spec.flops(shape)
+        foot: dict[Combo, float] = {(t, b): float(ub_bytes(spec.name, {"TILE_LEN": t, "BUFFER_NUM": b}, dtype))
                 for t in space["TILE_LEN"] for b in space["BUFFER_NUM"]}
         issue: dict[Combo, float] = {(t, b, c): -(-rows // c) * -(-cols // t) * (1.5e-6 if b == 1 else 0.6e-6)
                  for t in space["TILE_LEN"] for b in space["BUFFER_NUM"] for c in space["BLOCK_DIM"]}
@@ -357,7 +391,7 @@ class AscendCBackend(Backend):
 
 
 def plan_tiling(spec: KernelSpec, shape: Mapping[str, int], backend: AscendCBackend, k: int = 3,
-                solver: Solver = "highs") -> list[tuple[Params, AscendTiling, float]]:
+                solver: Solver = "highs", dtype: str = "fp32") -> list[tuple[Params, AscendTiling, float]]:
     """The k best tilings of the UB MILP (``AscendCBackend.tiling_model``) with their host tiling structs."""
-    pl = plan(spec, shape, "fp32", backend, backend.facts(), k=k, solver=solver)
-    return [(c.params, make_tiling(spec, shape, c.params, backend.soc), c.predicted) for c in pl.ranked]
+    pl = plan(spec, shape, dtype, backend, backend.facts(), k=k, solver=solver)
+    return [(c.params, make_tiling(spec, shape, c.params, backend.soc, dtype), c.predicted) for c in pl.ranked]
