@@ -2,8 +2,9 @@
 xdist a module fixture would start one server per worker, and the agreement check needs the weights as loaded).
 
 The server starts on the learnable task's SFT export (test_grpo_learns, on tiny-vllm). References are independent
-of vLLM: trex's own forward of the same weights. Then the trainer's side of pushes: version tags, stale marking of a
-push during a rollout, and GRPO steps rolled out on the server with a push before each. ``make test`` sets
+of vLLM: trex's own forward of the same weights. After a push of the same weights, vLLM's greedy responses are trex's.
+Then the trainer's side of pushes: version tags, stale marking of a push during a rollout, GRPO and OPD steps rolled
+out on the server with a push before each, and test_grpo_learns's task learnt through the server. ``make test`` sets
 TREX_REQUIRE_VLLM=1: a missing vLLM environment then fails this test instead of skipping it.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_grpo_learns import NUMBERS, SFT_STEPS, PrintsTheNumber, _question
+from test_grpo_learns import GRPO_STEPS, NUMBERS, SFT_STEPS, PrintsTheNumber, _question
 from tokenizers import Tokenizer, models, pre_tokenizers
 from trex.config_base import load_section
 from trex.prompt_contract import BOS, END, EOS, PAD, prompt_messages, training_messages
@@ -124,6 +125,34 @@ def test_rollouts_on_a_real_vllm_server(tmp_path: Path) -> None:
         _pushes_tag_versions_and_mark_stale_samples(server, tmp_path)
         _grpo_steps_roll_out_on_the_server(server, hf, tmp_path)
         _opd_steps_roll_out_on_the_server(server, hf, tmp_path)
+        _grpo_learns_through_the_server(server, hf, tmp_path)
+    finally:
+        server.stop()
+    _moe_experts_follow_a_push(venv, tmp_path)
+
+
+def _moe_experts_follow_a_push(venv: Path, root: Path) -> None:
+    """A MoE model (tiny-vllm with both layers MoE) served, then pushed other weights and pushed back: vLLM equals
+    trex after each push as at load (its own server, started after the first stopped: one server at a time).
+    Without the server's MOE_REPACK the pushed model's log-probs are off by 0.23 (the experts keep stale packing)."""
+    cfg = load_section(TrainerConfig, {"model": {"preset": "tiny-vllm", "overrides": {"nDenseLayers": 0}},
+                                       "device": "cpu"})
+    a, b = (build_model(cfg.model, device="cpu", dtype=torch.float32, seed=s).eval() for s in (3, 4))
+    with torch.no_grad():
+        for m in (a, b):
+            m.lm_head.weight.mul_(8.0)
+    server = VLLMServer(export_hf(a, _tokenizer(), root / "moe"), venv=venv, max_model_len=256,
+                        log_path=root / "moe-server.log").start()
+    try:
+        server.wait_ready(600)
+        engine = VLLMEngine([server.url], root / "moe-weights")
+        for version, model in enumerate((a, b, a)):
+            if version:
+                _push(engine, model, version)
+            corr, dmax, _ = _agreement(engine, model, _prompts(8))
+            print(f"MoE model, version {version}: vLLM vs trex corr {corr:.5f}, max |delta| {dmax:.3e}")
+            assert corr >= 0.99
+            assert dmax < 1e-3
     finally:
         server.stop()
 
@@ -150,6 +179,28 @@ def _agreement_on_the_served_weights(server: VLLMServer, hf: Path, root: Path) -
           f"max |delta| {dmax:.3e}, mean |delta| {dmean:.3e}")
     assert corr >= 0.99
     assert dmax < 0.2
+    _push(engine, trained, 2)
+    _greedy_tokens_equal_trex(engine, trained, prompts)
+
+
+def _greedy_tokens_equal_trex(engine: VLLMEngine, model: DeepSeekModel, prompts: list[list[int]]) -> None:
+    """After a push of the SFT weights, vLLM's greedy responses are trex's token for token. A prompt whose greedy path
+    in trex's own forward has a top-2 logit gap under 1e-4 (a near-tie fp32 rounding may break either way) is
+    excluded, and the exclusions must stay few."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+    ref = generate(model, prompts, params, 0)
+    got = engine.generate(prompts, params, 0)
+    ties = 0
+    for p, r, g in zip(prompts, ref, got, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([p + r.tokens])).logits[0, len(p) - 1:-1].double()
+        top2 = logits.topk(2, dim=-1).values
+        if float((top2[:, 0] - top2[:, 1]).min()) < 1e-4:
+            ties += 1
+            continue
+        assert g.tokens == r.tokens, (p, r.tokens, g.tokens)
+    print(f"greedy after a push: vLLM = trex on {len(prompts) - ties}/{len(prompts)} prompts ({ties} near-ties out)")
+    assert ties <= 2
 
 
 def _pushes_tag_versions_and_mark_stale_samples(server: VLLMServer, root: Path) -> None:
@@ -224,3 +275,25 @@ def _opd_steps_roll_out_on_the_server(server: VLLMServer, hf: Path, root: Path) 
     assert res.history[0].parts["opd"] == pytest.approx(0.0, abs=1e-6)  # student = teacher at step 0
     assert all(math.isfinite(r.loss) for r in res.history)
     assert _get(server.url + "/weight_info")["weight_version"] == "1"
+
+
+def _grpo_learns_through_the_server(server: VLLMServer, hf: Path, root: Path) -> None:
+    """test_grpo_learns's task and GRPO settings with rollout.engine vllm: the mean reward rises from about one in
+    ten to at least one half, the in-process test's criterion."""
+    prompts = root / "learn-prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"n{n}", "question": _question(n), "answer": n}) + "\n"
+                               for n in NUMBERS))
+    cfg = load_section(TrainerConfig, {
+        **BASE, "mode": "grpo", "maxSteps": GRPO_STEPS,
+        "optimizer": {"schedule": {"warmupSteps": 5, "decay": "none"}, "muon": {"lr": 0.001}, "adamw": {"lr": 0.002}},
+        "data": {"train": str(prompts), "microBatchSize": 32, "tokenizer": {"path": str(hf / "tokenizer.json")}},
+        "grpo": {"promptsPerStep": 4, "groupSize": 8, "maxNewTokens": 12, "klCoef": 0.0},
+        "rollout": {"engine": "vllm", "servers": [server.url], "maxModelLen": 256,
+                    "weightsDir": str(root / "learn-weights")},
+        "checkpoint": {"dir": str(root / "learn"), "intervalSteps": 1000, "initFromHf": str(hf), "exportHf": False}})
+    res = Trainer(cfg, root, measure_peak=False, log=lambda _m: None, verifier=PrintsTheNumber()).run()
+    rewards = [r.stats.reward_mean for r in res.history]  # type: ignore[union-attr]
+    print("GRPO on vLLM, reward per step:", " ".join(f"{x:.2f}" for x in rewards))
+    start, end = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
+    assert start < 0.25, rewards
+    assert end >= 0.5, rewards

