@@ -146,7 +146,7 @@ def test_overrides_reach_list_items_and_create_sections() -> None:
      "spec.kernels.budget.trails: unknown field; did you mean 'trials'?"),
     ("TrainJob", {"trainer": {}, "replica": 2}, "spec.replica: unknown field; did you mean 'replicas'?"),
     ("TrainJob", {"trainer": {"parallelism": {"zz": 1}}},
-     "spec.trainer.parallelism.zz: unknown field; allowed: dp, dpReplicate, ep, etp, pp, reshardAfterForward, tp"),
+     "spec.trainer.parallelism.zz: unknown field; allowed: cp, dp, dpReplicate, ep, etp, pp, reshardAfterForward, tp"),
 ])
 def test_validate_suggests_the_closest_field(kind: str, spec: dict[str, Any], line: str) -> None:
     doc = {"apiVersion": API_VERSION, "kind": kind, "metadata": {"name": "x"}, "spec": {"deviceType": "cpu", **spec}}

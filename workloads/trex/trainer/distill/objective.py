@@ -62,16 +62,16 @@ def vocab_parallel(ctx: RunContext) -> tuple[VocabParallel | None, tuple[int, in
     dims, dense = ctx.dims, ctx.meshes.dense
     if dims.dp * dims.tp == 1:
         return None, None
-    grid = dense.mesh  # [pp, dp_replicate, dp_shard, tp] global ranks
+    grid = dense.mesh  # [pp, dp_replicate, dp_shard, cp, tp] global ranks (opd runs at cp 1: rules.context_problems)
     coord = dense.get_coordinate()
     assert coord is not None
-    stage, rep, shard, tp_rank = coord
+    stage, rep, shard, _cp, tp_rank = coord
     group = None
     for p in range(grid.shape[0]):  # every rank creates every stage's group, in order
         g = dist.new_group([int(r) for r in grid[p].flatten()])
         if p == stage:
             group = g
-    owner = dist.get_process_group_ranks(group).index(int(grid[stage, rep, shard, 0]))
+    owner = dist.get_process_group_ranks(group).index(int(grid[stage, rep, shard, 0, 0]))
     start, end = vocab_rows(ctx.cfg.model.args.vocab_size, dims, rep, shard, tp_rank)
     tp_mesh = dense["tp"]
 
