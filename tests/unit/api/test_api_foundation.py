@@ -155,7 +155,7 @@ INVALID_EXPECT = {
     "16-out-of-memory.yaml": ("spec.trainer.parallelism", "per device; Ascend 910B has 64 GiB: raise ep"),
     "17-kernel-dtype-missing.yaml": ("spec.kernels.dtypes", "npu-ascendc has no bf16 template for rope_fwd"),
     "17-think-max-without-prompt.yaml": ("spec.evaluation.thinkMaxPrompt", "required when reasoningMode is think-max"),
-    "18-host-memory.yaml": ("spec.resources.limits.memory", "phase export needs 4.88 GiB of host memory per rank"),
+    "18-host-memory.yaml": ("spec.resources.limits.memory", "phase export needs 4.92 GiB of host memory per rank"),
     "18-grpo-inprocess-replica.yaml": ("spec.trainer.rollout.engine", "decodes on a whole unsharded replica per rank"),
     "19-vllm-without-servers.yaml": ("spec.trainer.rollout.servers", "engine vllm needs at least one server URL"),
 }

@@ -96,3 +96,15 @@ def test_vllm_engine_without_servers_is_refused_naming_the_field() -> None:
         _cfg(mode="grpo", rollout={"engine": "vllm"})
     with pytest.raises(ValueError, match=r"servers\.0: 'localhost:8000' is not an http"):
         _cfg(rollout={"engine": "vllm", "servers": ["localhost:8000"]})
+
+
+def test_router_gather_is_every_built_routers_whole_weight() -> None:
+    """Anticipatory routing gathers every router's whole Δt-old weight on the sharded layouts: the plan's term is
+    the built model's router weights (0 in one process, where a snapshot is already whole)."""
+    from trex.trainer.model import build_model
+
+    cfg = _cfg(mode="pretrain")
+    gates = sum(g.weight.numel() * g.weight.element_size() for _, g in build_model(cfg.model, seed=0).moe_gates())
+    assert gates > 0
+    assert plan_memory(cfg, 2, DEVICES["cpu"], capacity=1 << 40).router_gather == gates
+    assert plan_memory(cfg, 1, DEVICES["cpu"], capacity=1 << 40).router_gather == 0

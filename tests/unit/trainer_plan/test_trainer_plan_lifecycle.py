@@ -16,6 +16,8 @@ from trex.trainer.mfu import DEVICES
 from trex.trainer.plan import (
     CHECKPOINT_EXTRA_BYTES,
     EXPORT_CHUNK_BYTES,
+    GATHERED_BOX_BYTES,
+    GATHERED_DIGEST_BYTES,
     HASH_BLOCK_BYTES,
     RUNTIME_HOST_BYTES,
     SLICE_BYTES_PER_ELEMENT,
@@ -63,12 +65,14 @@ def test_lifecycle_phases_against_hand_computed_bytes() -> None:
     assert ph["step"].host_bytes == RUNTIME_HOST_BYTES + swap_host and ph["step"].read_bytes == 3 * 33 * 3
     shards = mem.params + mem.muon_state + mem.adamw_state
     assert ph["checkpoint"].written_bytes == shards + CHECKPOINT_EXTRA_BYTES and ph["checkpoint"].read_bytes == shards
-    assert ph["checkpoint"].host_bytes == RUNTIME_HOST_BYTES + swap_host + 128 * 256 * 4 + HASH_BLOCK_BYTES
+    digests = 2 * (1 + 2) * GATHERED_DIGEST_BYTES  # 2 ranks x (one 16 MiB block + 2 files), gathered on each
+    assert ph["checkpoint"].host_bytes == RUNTIME_HOST_BYTES + swap_host + 128 * 256 * 4 + HASH_BLOCK_BYTES + digests
     assert ph["resume"].read_bytes == 2 * shards + 4 * HASH_BLOCK_BYTES
     # export: FP8 q_b (65536 + 2 x 2 x 4), 4 FP4 experts (4096 + 64 x 4 x 4 each), fp32 norm 1024; largest first
     # to the least loaded of 2 ranks: q_b on one, the experts and the norm on the other.
     assert ph["export"].written_bytes == max(65536 + 16, 4 * (4096 + 1024) + 1024) == 65552
-    assert ph["export"].host_bytes == RUNTIME_HOST_BYTES + swap_host + 2 * EXPORT_CHUNK_BYTES
+    boxes = 2 * 3 * GATHERED_BOX_BYTES  # 2 ranks x 3 tensors' shard boxes, gathered on each
+    assert ph["export"].host_bytes == RUNTIME_HOST_BYTES + swap_host + 2 * EXPORT_CHUNK_BYTES + boxes
     assert ph["rollout"].note == "none (mode sft)"
 
 

@@ -231,6 +231,9 @@ class MemoryPlan:
     offloaded: int = 0
     """Block inputs in host memory (trainer.activationOffload): every block's, already taken out of
     ``activations`` but for the two in flight."""
+    router_gather: int = 0
+    """Transient in the steps anticipatory routing is on: every router's whole Δt-old weight in model.dtype, gathered
+    from the ranks' snapshot shards (trex.trainer.spike._whole); 0 in one process, where the snapshot is whole."""
 
     @property
     def device_params(self) -> int:
@@ -254,7 +257,7 @@ class MemoryPlan:
     @property
     def total(self) -> int:
         """Peak: persistent + the largest of the forward/backward, optimizer and rollout phases."""
-        step = self.activations + self.fsdp_gather + self.comm_buffers
+        step = self.activations + self.fsdp_gather + self.comm_buffers + self.router_gather
         return self.persistent + max(step, self.optimizer_transient, self.rollout)
 
     @property
@@ -418,9 +421,17 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         swap_buffers=swap.buffers * max(swap.bucket_mb * 2**20, largest_state),
         masters=sum(local[n] for n in held) * store, device=device,
         capacity=device.memory_bytes if capacity is None else capacity, world=world,
-        **sampling_bytes(cfg, values, c, lay, world),
+        **sampling_bytes(cfg, values, c, lay, world), router_gather=router_gather_bytes(c, model_bytes, sharded),
     )
     return with_offload(plan, cfg, values, lay, seq // cfg.parallelism.cp, act)  # a cp rank holds seq / cp tokens
+
+
+def router_gather_bytes(c: Census, model_bytes: int, sharded: bool) -> int:
+    """Bytes of every router's whole weight (``...gate.weight``), which anticipatory routing gathers from the ranks'
+    snapshot shards for the steps it is on (0 unsharded: the snapshot is the whole weight)."""
+    if not sharded:
+        return 0
+    return sum(math.prod(p.shape) for p in c.params if p.name.endswith(".gate.weight")) * model_bytes
 
 
 def with_offload(plan: MemoryPlan, cfg: TrainerConfig, values: Mapping[str, Any], lay: Layout, seq: int,
@@ -542,6 +553,12 @@ EXPORT_CHUNK_BYTES = 64 * 2**20
 """The distributed HF export's chunk (trex.trainer.hf_export.save_hf_distributed's chunk_bytes)."""
 HASH_BLOCK_BYTES = 16 * 2**20
 """The checkpoint's hashing block (trex.trainer.checkpoint.BLOCK)."""
+GATHERED_DIGEST_BYTES = 96
+"""One file digest or 16 MiB block digest as ``all_gather_object`` carries it (hex sha256 + name, pickled): the
+checkpoint's manifest gathers every rank's (trex.trainer.checkpoint._gather)."""
+GATHERED_BOX_BYTES = 64
+"""One tensor's shard box (offset and shape tuples, pickled) in the export's all-gather of every rank's boxes
+(trex.trainer.hf_export.gather_holders)."""
 CHECKPOINT_EXTRA_BYTES = 2**20
 """extra-<rank>.pt (data position, RNG, routing state), .metadata and the manifest: under 1 MiB per rank for the
 models measured (0.5 MiB at world 1)."""
@@ -706,15 +723,19 @@ def lifecycle_phases(params: tuple[ParamInfo, ...], lay: Layout, mem: MemoryPlan
                          f"{host_note}; reads one step's token windows"))
     shards = mem.params + mem.muon_state + mem.adamw_state
     staging = largest_local * store + HASH_BLOCK_BYTES
-    out.append(PhasePlan("checkpoint", resident + staging, shards, shards + CHECKPOINT_EXTRA_BYTES,
-                         "DCP shards (parameters + optimizer states) + extra-<rank>.pt; read back once to hash"))
+    digests = lay.world * (-(-shards // HASH_BLOCK_BYTES) + 2) * GATHERED_DIGEST_BYTES  # every rank's, on every rank
+    out.append(PhasePlan("checkpoint", resident + staging + digests, shards, shards + CHECKPOINT_EXTRA_BYTES,
+                         "DCP shards (parameters + optimizer states) + extra-<rank>.pt; read back once to hash; "
+                         f"every rank's digests gathered ({gib(digests)})"))
     out.append(PhasePlan("resume", resident + staging, 2 * shards + 4 * HASH_BLOCK_BYTES, 0,
                          "its DCP shards, and again to verify them (16 MiB hashing blocks)"))
     if export:
         sizes = export_outputs(params, export_quant, elem)
         total, written = sum(sizes), export_rank_bytes(sizes, lay.world)
-        out.append(PhasePlan("export", resident + 2 * EXPORT_CHUNK_BYTES, 0, written,
-                             f"its outputs of the {gib(total)} export (exportQuant {export_quant}); one 64 MiB chunk"))
+        held = lay.world * len(params) * GATHERED_BOX_BYTES  # every rank's shard boxes, on every rank
+        out.append(PhasePlan("export", resident + 2 * EXPORT_CHUNK_BYTES + held, 0, written,
+                             f"its outputs of the {gib(total)} export (exportQuant {export_quant}); one 64 MiB chunk; "
+                             f"every rank's shard boxes gathered ({gib(held)})"))
     if mode in ("grpo", "opd"):
         out.append(PhasePlan("rollout", resident, 0, 0,
                              "in-process decoding replica on the device (device plan); no host copy"))
