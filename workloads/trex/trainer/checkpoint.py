@@ -111,7 +111,8 @@ def _barrier(group: Any, active: bool) -> None:
 
 
 def _gather(obj: Any, group: Any, active: bool) -> list[Any]:
-    """Every rank's ``obj`` (small: file digests, error lines) on every rank; [obj] in one process."""
+    """Every rank's ``obj`` (small: file digests, error lines) on every rank; [obj] in one process. Planned as
+    trex.trainer.plan.GATHERED_DIGEST_BYTES per digest x the ranks (the checkpoint phase's host term)."""
     if not active:
         return [obj]
     import torch.distributed as dist

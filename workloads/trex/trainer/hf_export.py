@@ -149,7 +149,7 @@ def local_boxes(state: Mapping[str, torch.Tensor]) -> list[Box | None]:
 def gather_holders(state: Mapping[str, torch.Tensor], distributed: bool) -> dict[str, list[tuple[int, Box]]]:
     """(rank, box) of every non-empty shard of every tensor, over all ranks: each rank's boxes all-gathered
     (small metadata: a DTensor's mesh only names the ranks of this rank's own sub-mesh, so replicas elsewhere
-    are only known this way)."""
+    are only known this way; planned as trex.trainer.plan.GATHERED_BOX_BYTES per tensor x the ranks)."""
     import torch.distributed as dist
 
     mine = local_boxes(state)

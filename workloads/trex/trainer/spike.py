@@ -154,7 +154,7 @@ def _local(t: Any) -> Any:
 def _whole(shard: torch.Tensor, like: Any) -> torch.Tensor:
     """The whole router weight from this rank's ``shard`` of it, sharded as the parameter ``like`` is: a collective
     on every rank of its mesh, run only for the steps that route with an old weight (the gate's forward needs the
-    whole [E, D] weight to score every expert). A shard stored in host memory (a master under optimizer.swap) is
+    whole [E, D] weight to score every expert; planned as MemoryPlan.router_gather). A shard stored in host memory (a master under optimizer.swap) is
     gathered from a device copy: the device backend cannot gather host tensors."""
     if not hasattr(like, "placements"):
         return shard
