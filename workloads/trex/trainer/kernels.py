@@ -495,10 +495,10 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
         act: list[tuple[int, int]] = []
         if int(values["n_dense_layers"]) > 0:
             act.append((tokens, int(values["intermediate_size"]) // tp))
-        moe_tokens = -(-micro_batch // tp) * seq  # MoE layers: 1/tp of the sequences per rank (Shard(0))
+        moe_tokens = -(-tokens // tp)  # MoE layers: 1/tp of the micro-batch's tokens per rank (Shard(0))
         if moe_layers:
             moe = int(values["moe_intermediate_size"])
-            if int(values.get("n_shared_experts", 0)) > 0:  # shared experts: whole, on the rank's sequences
+            if int(values.get("n_shared_experts", 0)) > 0:  # shared experts: whole, on the rank's tokens
                 act.append((moe_tokens, moe * int(values["n_shared_experts"])))
             routed, local, local_moe = moe_tokens * k, n_exp // ep, moe // etp
             lo, hi = (routed, routed) if ep == 1 else (max(1, routed // 2), 2 * routed)

@@ -140,13 +140,37 @@ def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
           if world_size % (p.tp * p.pp * p.cp) == 0 else 0)
     if dp and dp % p.dp_replicate:
         out.append((f"{base}.dpReplicate", f"dpReplicate={p.dp_replicate} does not divide dp={dp}"))
-    has_moe = m.num_layers > m.n_dense_layers or m.mtp_depth > 0
-    if p.tp > 1 and has_moe and cfg.data.micro_batch_size % p.tp:
-        out.append((f"{base}.tp", f"tp={p.tp} does not divide data.microBatchSize {cfg.data.micro_batch_size} "
-                    "(MoE layers split each micro-batch's sequences over the tp ranks)"))
+    if p.tp > 1:
+        out += tp_token_problems(cfg, p.tp)
     if p.pp > m.num_layers:
         out.append((f"{base}.pp", f"pp={p.pp} exceeds the layer count {m.num_layers}"))
     return out
+
+
+def tp_token_problems(cfg: TrainerConfig, tp: int) -> list[Problem]:
+    """What the MoE layers' token split needs of ``tp``: every micro-batch's tokens divide by it. The language-model
+    modes' micro-batches are microBatchSize x seqLen tokens (each curriculum stage's too; under cp a rank holds 1/cp
+    of them); the sampling modes' rows are as long as their longest response, so there tp divides the rows
+    (microBatchSize; rl_layout_problems checks a rank's responses)."""
+    m = cfg.model.args
+    if tp == 1 or (m.num_layers == m.n_dense_layers and m.mtp_depth == 0):
+        return []
+    mb, cp = cfg.data.micro_batch_size, cfg.parallelism.cp
+    why = "(the MoE layers split each micro-batch's tokens over the tp ranks)"
+    if cfg.mode in ("grpo", "opd"):
+        if mb % tp:
+            return [("parallelism.tp", f"tp={tp} does not divide data.microBatchSize {mb}: mode {cfg.mode}'s "
+                     f"responses vary in length, so each micro-batch's rows must split evenly {why}")]
+        return []
+    lengths = [("data.seqLen", cfg.data.seq_len)] + [
+        (f"data.seqLenCurriculum[{i}].seqLen", c.seq_len) for i, c in enumerate(cfg.data.seq_len_curriculum)]
+    for name, seq in lengths:
+        tokens = mb * seq // cp
+        if seq % cp == 0 and tokens % tp:  # seq % cp: context_problems says it
+            per = f" / parallelism.cp {cp}" if cp > 1 else ""
+            return [("parallelism.tp", f"tp={tp} does not divide the {tokens} tokens of a micro-batch "
+                     f"(data.microBatchSize {mb} x {name} {seq}{per}) {why}")]
+    return []
 
 
 def support_problems(cfg: TrainerConfig) -> list[Problem]:
@@ -193,7 +217,8 @@ def context_problems(cfg: TrainerConfig) -> list[Problem]:
 
 def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
     """What the sampling modes (grpo, opd) need of the layout: whole prompts on every data-parallel rank; under tp,
-    a batch of responses the MoE layers can split over the tp ranks, and for opd a vocabulary the KL can shard."""
+    a batch of responses the MoE layers can split over the tp ranks (their token split needs whole responses per
+    rank, since response lengths vary: tp_token_problems), and for opd a vocabulary the KL can shard."""
     p = cfg.parallelism
     if cfg.mode not in ("grpo", "opd") or world_size % (p.tp * p.pp):  # the last: parallelism_problems says it
         return []
@@ -211,8 +236,8 @@ def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
         per_rank = prompts // dp * samples
         if has_moe and per_rank % p.tp:
             out.append((f"{section}.{name}", f"each data-parallel rank trains on promptsPerStep / dp x {name} = "
-                        f"{per_rank} responses, not a multiple of tp={p.tp} (the MoE layers split a batch's "
-                        "sequences over the tp ranks)"))
+                        f"{per_rank} responses, not a multiple of tp={p.tp} (the MoE layers split each "
+                        "micro-batch's tokens over the tp ranks, whole responses per rank: their lengths vary)"))
         if cfg.mode == "opd" and m.vocab_size % p.tp:
             out.append(("parallelism.tp", f"tp={p.tp} does not divide the vocabulary {m.vocab_size} (mode opd's KL "
                         "shards the vocabulary over tp)"))
@@ -291,16 +316,20 @@ def opd_problems(cfg: OPDConfig) -> list[Problem]:
 
 def _memory_advice(plan: MemoryPlan, cfg: TrainerConfig) -> str:
     """What to change, led by the part that dominates the plan (at micro-batch 1: the sequence split, cp, when
-    the job can run it, since tp splits whole sequences)."""
+    the job can run it; tp where the model's heads and every micro-batch's tokens split over twice the tp)."""
     states = plan.persistent
     if plan.activations > states:
         more = "" if plan.recompute == "full" else ", or set trainer.recompute (selective or full)"
+        tp = cfg.parallelism.tp * 2
+        m = cfg.model.args
+        tp_can = not (m.num_heads % tp or (m.attention == "csa" and m.o_groups % tp) or tp_token_problems(cfg, tp))
+        raise_tp = f", or raise parallelism.tp (to {tp})" if tp_can else ""
         if cfg.data.micro_batch_size == 1:
             cp = cfg.parallelism.cp * 2
             split = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(update={"cp": cp})})
             can = not context_problems(split)
             raise_cp = f", or raise parallelism.cp (to {cp}: each rank holds 1/{cp} of every sequence)" if can else ""
-            return f"shorten data.seqLen (and its curriculum){raise_cp}{more} (activations take the most)"
-        return ("shorten data.seqLen (and its curriculum) or data.microBatchSize, or raise tp"
+            return f"shorten data.seqLen (and its curriculum){raise_cp}{raise_tp}{more} (activations take the most)"
+        return (f"shorten data.seqLen (and its curriculum) or data.microBatchSize{raise_tp}"
                 f"{more} (activations take the most)")
     return "raise ep or add replicas (parameters, gradients and optimizer states take the most)"

@@ -10,9 +10,10 @@ trex.trainer.parallel.placement, which the memory plan reads too):
   shared by every head (MLA's rotary key, V4's key/value entries) sum their gradients over tp; the
   indexer's head-mean target is averaged over tp;
 - dense FFNs: gate/up column-parallel, down row-parallel;
-- MoE layers: each tp rank takes 1/tp of the micro-batch's sequences (the inputs are replicated over tp),
-  so inside an MoE layer every rank of the world holds different tokens; the outputs are all-gathered back
-  and the sequence-balance loss averaged over tp;
+- MoE layers: each tp rank takes a contiguous 1/tp of the micro-batch's tokens (batch x sequence flattened;
+  the inputs are replicated over tp), so inside an MoE layer every rank of the world holds different tokens
+  and micro-batch 1 splits too; the outputs are all-gathered back, and the sequence-balance loss sums each
+  sequence's expert counts over the tp ranks its tokens lie on;
 - routed experts: split over ep (expert dim) and etp (hidden dim) as DTensors on the MoE view, dispatched by
   ExpertDispatch, then FSDP2 over edp;
 - context parallelism (cp): each rank holds a head and a tail chunk of every sequence, mla gathers the key
@@ -68,7 +69,7 @@ def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, par
 
 # --- tensor parallelism ------------------------------------------------------------------------------
 def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, info: Parallelized) -> None:
-    """Heads of every attention and the hidden dim of every dense FFN over tp; MoE layers split the batch."""
+    """Heads of every attention and the hidden dim of every dense FFN over tp; MoE layers split the tokens."""
     tp_mesh = meshes.dense["tp"]
     for block in blocks(model):
         attn = block.self_attn
@@ -81,7 +82,7 @@ def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Mesh
         if isinstance(block.mlp, MLP):
             split_by_table(block.mlp, tp_mesh)
         else:
-            split_moe_batch(block.mlp, tp_mesh, dims.tp)
+            split_moe_tokens(block.mlp, meshes.dense, dims.tp, dims.cp)
 
 
 def split_by_table(module: nn.Module, tp_mesh: Any) -> None:
@@ -145,28 +146,80 @@ def share_rope_key(attn: MLAttention, tp_mesh: Any) -> None:
     attn.expand = expand  # type: ignore[method-assign]
 
 
-def split_moe_batch(moe: MoE, tp_mesh: Any, tp: int) -> None:
-    """Inputs arrive replicated over tp: each tp rank runs the MoE layer on its 1/tp of the sequences
-    (forward: slice, backward: all-gather) and the outputs are all-gathered (backward: slice). The balance
-    loss (a mean over sequences) becomes the mean over all ranks' sequences: forward all-reduce of each
-    rank's share, backward identity, so every rank's router gets exactly its sequences' gradient."""
+class TokenSlice:
+    """Where a tp rank's token slice lies in the micro-batch an MoE layer was called on: ``batch`` rows of
+    ``seq`` tokens, flattened, of which this rank holds ``size`` tokens from ``start``. Set by the layer's
+    pre-hook on every call (a recomputed forward sets the same values) and read by its balance loss."""
+
+    def __init__(self) -> None:
+        self.batch = self.seq = self.start = self.size = 0
+
+    def rows(self, device: torch.device) -> torch.Tensor:
+        """The micro-batch row (sequence) of each of this rank's tokens [size]."""
+        return torch.arange(self.start, self.start + self.size, device=device) // self.seq
+
+
+def token_balance_share(where: TokenSlice, tp_group: Any, cp_group: Any, cp: int) -> Any:
+    """The MoE sequence-balance loss of a tp rank's token slice (trex.trainer.model.moe.sequence_balance_loss
+    on the rows its tokens belong to): f_i from each whole sequence's expert counts (summed over the tp
+    ranks, whose slices may cut a sequence, and over cp, whose ranks hold chunks of it), P_i from this rank's
+    tokens only. The shares of the tp (and cp) ranks sum to the loss of the whole sequences, and each router
+    gets exactly its tokens' gradient."""
+    import torch.distributed as dist
+
+    def loss(scores: torch.Tensor, indices: torch.Tensor, n_experts: int) -> torch.Tensor:
+        k = indices.shape[-1]
+        scores, indices = scores.reshape(-1, n_experts), indices.reshape(-1, k)
+        b, seq = where.batch, where.seq * cp
+        row = where.rows(scores.device)
+        counts = torch.zeros(b * n_experts, device=scores.device, dtype=scores.dtype)
+        counts.index_add_(0, (row[:, None] * n_experts + indices).reshape(-1),
+                          torch.ones(indices.numel(), device=scores.device, dtype=scores.dtype))
+        dist.all_reduce(counts, group=tp_group)  # routing counts carry no gradient
+        if cp > 1:
+            dist.all_reduce(counts, group=cp_group)
+        f = counts.view(b, n_experts) * (n_experts / (k * seq))
+        p = scores.new_zeros(b, n_experts).index_add(0, row, scores / scores.sum(-1, keepdim=True)) / seq
+        return (f * p).sum(-1).sum() / b
+
+    return loss
+
+
+def split_moe_tokens(moe: MoE, dense: Any, tp: int, cp: int) -> None:
+    """Inputs arrive replicated over tp: each tp rank runs the MoE layer (router, dispatch, routed and shared
+    experts) on its contiguous 1/tp of the micro-batch's tokens, batch x sequence flattened (forward: slice,
+    backward: all-gather), and the outputs are all-gathered (backward: slice). The token count must divide by
+    tp (trex.trainer.rules checks microBatchSize x seqLen). The balance loss becomes this rank's share
+    (token_balance_share), summed over tp in the forward (backward identity). Expert counts stay this rank's
+    tokens'; the bias update sums them over the world, so every token counts once."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+    tp_mesh = dense["tp"]
     rank = tp_mesh.get_local_rank()
+    where = TokenSlice()
+    moe.balance_loss = token_balance_share(where, tp_mesh.get_group(), dense["cp"].get_group() if cp > 1 else None, cp)
 
     def pre(_mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x, token_ids = args
-        x_local = DTensor.from_local(x, tp_mesh, [Replicate()], run_check=False).redistribute(
+        b, t, d = x.shape
+        if (b * t) % tp:
+            raise ValueError(f"a micro-batch of {b} x {t} = {b * t} tokens does not split over tp={tp} ranks "
+                             "(the MoE layers split each micro-batch's tokens over the tp ranks)")
+        where.batch, where.seq, where.size = b, t, b * t // tp
+        where.start = rank * where.size
+        x_local = DTensor.from_local(x.reshape(b * t, d), tp_mesh, [Replicate()], run_check=False).redistribute(
             tp_mesh, [Shard(0)]).to_local()
-        return x_local, token_ids.chunk(tp, dim=0)[rank]
+        ids = token_ids.reshape(-1)[where.start:where.start + where.size]
+        return x_local.view(1, where.size, d), ids.view(1, where.size)
 
     def post(_mod: nn.Module, _args: tuple[Any, ...], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         y, balance, counts = out
-        y_full = DTensor.from_local(y, tp_mesh, [Shard(0)], run_check=False).redistribute(
+        d = y.shape[-1]
+        y_full = DTensor.from_local(y.reshape(-1, d), tp_mesh, [Shard(0)], run_check=False).redistribute(
             tp_mesh, [Replicate()]).to_local()
-        bal = DTensor.from_local(balance / tp, tp_mesh, [Partial()], run_check=False).redistribute(
+        bal = DTensor.from_local(balance, tp_mesh, [Partial()], run_check=False).redistribute(
             tp_mesh, [Replicate()]).to_local()
-        return y_full, bal, counts
+        return y_full.view(where.batch, where.seq, d), bal, counts
 
     moe.register_forward_pre_hook(pre)
     moe.register_forward_hook(post)
