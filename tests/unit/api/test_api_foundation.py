@@ -298,9 +298,12 @@ def test_parallel_folding_rules(replicas: int, devices: int, par: dict[str, int]
 
 
 def test_tp_must_divide_the_micro_batch_of_moe_layers() -> None:
+    odd = _train(1, 8, 2, tp=4)
+    odd["spec"]["trainer"]["data"]["seqLen"] = 127  # 254 tokens: the MoE layers split a micro-batch's tokens
     with pytest.raises(ValueError, match=r"parallelism.tp.*microBatchSize"):
-        load_section(TrainJob, _train(1, 8, 2, tp=4))
+        load_section(TrainJob, odd)
     load_section(TrainJob, _train(1, 8, 4, tp=4))
+    load_section(TrainJob, _train(1, 8, 1, tp=4))  # micro-batch 1: 128 tokens split over 4 ranks
 
 
 def test_fp64_reference_runs_are_cpu_only() -> None:
