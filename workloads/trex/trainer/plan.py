@@ -281,7 +281,8 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     """Saved-for-backward bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (per rank), every
     block, at ``act`` bytes per element: residual/mHC streams, norms, attention projections (heads / tp),
     the attention mask, the CSA compressed keys and lightning-indexer scores, router scores (fp32), routed
-    experts (top-k copies, x etp gathered tokens), shared and dense MLPs, and the fused loss's saved
+    experts (top-k copies, x etp gathered tokens), shared and dense MLPs (the MoE layers' terms on this tp
+    rank's 1/tp of the micro-batch's tokens, trex.trainer.parallel.parallelize), and the fused loss's saved
     input and head-weight gradients. ``attention_probs``: SDPA keeps the [H, T, T + S] probabilities (the
     math kernel CPUs run with a mask); accelerators' fused attention keeps only the log-sum-exp.
     ``recompute``: none, selective (the attention and routed experts keep their inputs only; one layer's
@@ -312,7 +313,7 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     core = q + kv + attn_out + indexer  # inside the attention module: what selective recompute drops
     attn = norms + streams + core
     e, k, mi, ns = g("n_routed_experts"), g("experts_per_token"), g("moe_intermediate_size"), g("n_shared_experts")
-    moe_tok = n_tok / lay.tp
+    moe_tok = n_tok / lay.tp  # the MoE layers' token split
     experts = k * (lay.etp * 2 * d + 3 * mi) * act * moe_tok  # dispatched rows and expert GEMM inputs
     moe = (4 * d + 8 * e + (d + 3 * mi * ns) * act + d * act) * moe_tok + experts
     dense = (2 * d + 3 * _ceil(g("intermediate_size"), lay.tp)) * act * n_tok
