@@ -24,6 +24,7 @@ trex.trainer.parallel.placement, which the memory plan reads too):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,7 +160,8 @@ class TokenSlice:
         return torch.arange(self.start, self.start + self.size, device=device) // self.seq
 
 
-def token_balance_share(where: TokenSlice, tp_group: Any, cp_group: Any, cp: int) -> Any:
+def token_balance_share(where: TokenSlice, tp_group: Any, cp_group: Any,
+                        cp: int) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
     """The MoE sequence-balance loss of a tp rank's token slice (trex.trainer.model.moe.sequence_balance_loss
     on the rows its tokens belong to): f_i from each whole sequence's expert counts (summed over the tp
     ranks, whose slices may cut a sequence, and over cp, whose ranks hold chunks of it), P_i from this rank's
@@ -197,7 +199,8 @@ def split_moe_tokens(moe: MoE, dense: Any, tp: int, cp: int) -> None:
     tp_mesh = dense["tp"]
     rank = tp_mesh.get_local_rank()
     where = TokenSlice()
-    moe.balance_loss = token_balance_share(where, tp_mesh.get_group(), dense["cp"].get_group() if cp > 1 else None, cp)
+    cp_group = dense["cp"].get_group() if cp > 1 else None
+    moe.balance_loss = token_balance_share(where, tp_mesh.get_group(), cp_group, cp)  # covers cp's share too
 
     def pre(_mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x, token_ids = args
