@@ -92,6 +92,49 @@ class GatheredKeys(SequenceKeys):
             mask = mask & (doc_ids[:, :, None] == all_docs[:, None, :])
         return mask[:, None]
 
+    def whole(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """DeepSeek-V4 attention's per-token entries [B, t, ...] of this rank's chunks -> [B, cp t, ...] of the
+        whole sequences in sequence order. The floating ones (the layer's shared key/value entries and its
+        compressor's and indexer's key/gate features) travel in one differentiable all-gather (backward:
+        reduce-scatter to their owners); the others (positions, document ids) in a plain one."""
+        out: list[torch.Tensor | None] = [None] * len(tensors)
+        for floating in (True, False):
+            picked = [i for i, t in enumerate(tensors) if t.is_floating_point() == floating]
+            if not picked:
+                continue
+            flat = [tensors[i].reshape(*tensors[i].shape[:2], -1) for i in picked]
+            widths = [f.shape[-1] for f in flat]
+            both = torch.cat(flat, dim=-1)
+            if floating:
+                gathered = self.all_gather(both)
+            else:
+                import torch.distributed as dist
+
+                parts = [torch.empty_like(both) for _ in range(self.cp)]
+                dist.all_gather(parts, both.contiguous(), group=self.group)
+                gathered = torch.cat(parts, dim=1)
+            gathered = gathered.index_select(1, self.order(gathered.shape[1], gathered.device))
+            for i, part in zip(picked, gathered.split(widths, dim=-1), strict=True):
+                out[i] = part.reshape(part.shape[0], part.shape[1], *tensors[i].shape[2:]).to(tensors[i].dtype)
+        return [t for t in out if t is not None]
+
+    def order(self, seq: int, device: torch.device) -> torch.Tensor:
+        """Where each global token index [seq] sits in a gather of every rank's chunks (rank 0's first)."""
+        held = torch.cat([chunk_indices(seq, self.cp, r) for r in range(self.cp)])
+        return held.argsort().to(device)
+
+    def indices(self, t: int, device: torch.device) -> torch.Tensor:
+        """The global indices [t] of this rank's tokens (its head and tail chunks)."""
+        return chunk_indices(t * self.cp, self.cp, self.rank).to(device)
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        """A count (no gradient) summed over the cp ranks."""
+        import torch.distributed as dist
+
+        x = x.detach().clone()
+        dist.all_reduce(x, group=self.group)
+        return x
+
     def shift(self, ids: torch.Tensor, s: int) -> torch.Tensor:
         """The token ``s`` places later in each whole sequence at this rank's positions (0 past the end): the
         token ids [B, t] are all-gathered over cp (ids only, no gradient) and put back in sequence order."""
