@@ -10,6 +10,9 @@ layer and the sequence-balance loss, with an indexer top-k of 2 and sequences of
 - One forward and backward with hand-placed document boundaries (on a chunk edge, inside a chunk, a document
   from the head chunk into the tail chunk): trunk and MTP outputs, the indexer loss and every parameter gradient
   equal one process to 1e-12.
+- The plan's cp term for V4 (what a rank saves of the other ranks' chunks) against the storages autograd saves on
+  each cp2 rank beyond one process holding the same number of tokens.
+- Validate accepts V4 attention under cp and still refuses the sampling modes with one line.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_context_parallel import saved_bytes
 from trex.config_base import load_section
 from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
 
 STEPS = 3
 SEQ = 36
+ACT_SEQ = 256
 TOP_K = 2
 WORLD2 = {"cp2": {"cp": 2}}
 WORLD4 = {"cp2xep2": {"cp": 2, "ep": 2}}
@@ -45,13 +50,13 @@ def _corpus(path: Path) -> Path:
     return path
 
 
-def _cfg(ckpt: Path, layout: dict[str, Any], data: Path | None) -> TrainerConfig:
+def _cfg(ckpt: Path, layout: dict[str, Any], data: Path | None, seq: int = SEQ) -> TrainerConfig:
     return load_section(TrainerConfig, {
         "model": {"preset": "tiny", "dtype": "fp64", "overrides": {
             "attention": "csa", "hcMult": 2, "mtpDepth": 1, "numLayers": 2, "nDenseLayers": 0, "nHashLayers": 1,
             "qLoraRank": 16, "vHeadDim": 24, "csaTopK": TOP_K, "layerTypes": ["csa", "hca"]}},
         "maxSteps": STEPS, "parallelism": layout,
-        "data": {"seqLen": SEQ, "microBatchSize": 2, "globalBatchSize": 4,
+        "data": {"seqLen": seq, "microBatchSize": 2, "globalBatchSize": 4,
                  **({"train": str(data), "tokenizer": {"vocabSize": 300}} if data is not None else {})},
         "optimizer": {"schedule": {"warmupSteps": 1}, "adamw": {"eps": 1e-8}},
         "routing": {"biasUpdateSpeed": 0.01, "sequenceBalanceWeight": 0.01},
@@ -121,6 +126,8 @@ def _worker(rank: int, world: int, out: str, layouts: dict[str, dict[str, Any]])
         root = Path(out)
         if world == 2:
             _hand_forward(rank, root)
+            (root / f"saved-cp2-{rank}.json").write_text(json.dumps(
+                saved_bytes(_cfg(Path("unused"), {}, None, ACT_SEQ), ACT_SEQ, 2, 2, rank, dist.group.WORLD)))
         for name, layout in layouts.items():
             losses, state = _run(_cfg(root / name, layout, root / "corpus.jsonl"), root, dist.group.WORLD)
             if rank == 0:
@@ -213,3 +220,22 @@ def test_validate_accepts_v4_under_cp_and_still_refuses_grpo_with_one_line() -> 
     grpo = cfg.model_copy(update={"mode": "grpo"})
     hits = [p for p in job_problems(grpo, 2) if p[0] == "parallelism.cp"]
     assert len(hits) == 1 and "mode grpo" in hits[0][1] and "\n" not in hits[0][1], hits
+
+
+@pytest.mark.slow
+def test_v4_activation_plan_counts_what_a_cp_rank_keeps_of_the_other_chunks(runs: Path) -> None:
+    """cp2 rank by rank: saved bytes minus those of one process on the rank's ACT_SEQ / 2 tokens (what the rank
+    keeps of the other chunks: gathered entries, pooling over them, masks and probabilities over all keys)
+    against the plan's cp term, within 10 %."""
+    from trex.trainer.config import resolved_model_values
+    from trex.trainer.plan import Layout, activation_bytes, context_activation_bytes
+
+    torch.set_num_threads(1)
+    cfg = _cfg(Path("unused"), {}, None, ACT_SEQ)
+    values, lay = resolved_model_values(cfg.model), Layout(1, 1, 1, 1, 1, 1)
+    local = saved_bytes(cfg, ACT_SEQ // 2, 2)
+    planned = (context_activation_bytes(values, lay, 2, ACT_SEQ, 8, attention_probs=True, cp=2)
+               - activation_bytes(values, lay, 2, ACT_SEQ // 2, 8, attention_probs=True))
+    for rank in (0, 1):
+        extra = json.loads((runs / f"saved-cp2-{rank}.json").read_text()) - local
+        assert extra > 0 and 0.9 <= planned / extra <= 1.1, (rank, planned, extra)

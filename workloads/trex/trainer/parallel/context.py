@@ -114,7 +114,7 @@ class GatheredKeys(SequenceKeys):
                 dist.all_gather(parts, both.contiguous(), group=self.group)
                 gathered = torch.cat(parts, dim=1)
             gathered = gathered.index_select(1, self.order(gathered.shape[1], gathered.device))
-            for i, part in zip(picked, gathered.split(widths, dim=-1), strict=True):
+            for i, part in zip(picked, torch.split(gathered, widths, dim=-1), strict=True):
                 out[i] = part.reshape(part.shape[0], part.shape[1], *tensors[i].shape[2:]).to(tensors[i].dtype)
         return [t for t in out if t is not None]
 
