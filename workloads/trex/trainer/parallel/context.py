@@ -11,6 +11,19 @@ boundaries. The model knows nothing of this: its attention calls its ``keys`` ob
   norm and rotation) is all-gathered over cp with a differentiable collective (its backward reduce-scatters
   the keys' gradients back to the ranks that own them); the mask is causal and per document over the global
   token indices;
+- DeepSeek-V4 (sliding / csa / hca, trex.trainer.model.v4attention): the queries and the indexer's queries stay
+  local; :meth:`GatheredKeys.whole` all-gathers, in one differentiable collective per layer, the per-token
+  entries the keys are made of, and puts them in sequence order: the shared key/value entry (head_dim values,
+  normed and rotated at its position), and on a compressed layer the compressor's key and gate features (hca:
+  head_dim each; csa: 2 x head_dim each, the overlapping windows' two halves) and on csa the indexer's (2 x
+  csa_indexer_dim each): per token 1, 3 or 5 head_dim + 4 csa_indexer_dim values (V4-Flash in bf16: 1, 3 and
+  6 KiB), plus the positions and document ids once per forward (16 bytes). Every rank then pools the compressed
+  entries of the whole sequences exactly as one process does (windows cut by a chunk boundary and the
+  overlapping CSA windows included), the sliding window and the entries' visibility follow each local query's
+  global index, position and document, and the indexer's top-k runs over every visible entry of the sequence.
+  The indexer loss averages over the whole sequences' query rows (their count summed over cp), so the ranks'
+  losses sum to one process's. The gathered entries at full sequence are a per-layer transient (kept for the
+  backward without recompute; trex.trainer.plan.v4_context_bytes counts them);
 - MTP: a module's input is the token some places later in the whole sequence, which may lie in another
   rank's chunk: :meth:`GatheredKeys.shift` all-gathers the token ids (the objective makes the MTP targets on
   the whole sequences before the split, trex.trainer.data.objective);
@@ -19,8 +32,8 @@ boundaries. The model knows nothing of this: its attention calls its ``keys`` ob
   exactly its tokens' gradient).
 
 The loss and token counts reduce over the dp x cp ranks (trex.trainer.parallel.mesh.Meshes.dp), the expert
-counts over the world, as over data. What cp does not cover yet (DeepSeek-V4 attention, the sampling modes) is
-refused by trex.trainer.rules.
+counts over the world, as over data. What cp does not cover yet (the sampling modes grpo and opd) is refused by
+trex.trainer.rules.
 """
 
 from __future__ import annotations
