@@ -346,21 +346,55 @@ def offload_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: 
 def context_activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: int, act: int,
                              attention_probs: bool = False, recompute: str = "none", cp: int = 1) -> int:
     """activation_bytes under context parallelism (trex.trainer.parallel.context): every rank holds seq_len / cp
-    tokens of each sequence, and each mla layer also keeps the keys of the other ranks' chunks: the gathered
-    latent (kv_lora_rank + rope), the per-head keys and values expanded from it, and the mask (and on CPUs the
-    probabilities) over all seq_len keys. Those extra keys are kept by every layer without recompute and by
-    the one layer being recomputed with it. cp = 1 is activation_bytes itself."""
+    tokens of each sequence, and each attention layer also keeps what it gathered of the other ranks' chunks, with
+    the mask (and on CPUs the probabilities) over all seq_len keys: an mla layer the latent (kv_lora_rank + rope)
+    and the per-head keys and values expanded from it; a DeepSeek-V4 layer (:func:`v4_context_bytes`) its shared
+    key/value entries and its compressor's and indexer's features, pooled over the whole sequences. Those extra
+    keys are kept by every layer without recompute and by the one layer being recomputed with it (under
+    recompute they are a transient of one layer). cp = 1 is activation_bytes itself."""
     local = seq_len // cp
     base = activation_bytes(v, lay, micro_batch, local, act, attention_probs, recompute)
     if cp == 1:
         return base
+    others = seq_len - local  # keys of the other ranks' chunks, per sequence
+    if v["attention"] == "csa":
+        per_layer = v4_context_bytes(v, lay, local, others, act, attention_probs)
+        kept = sum(per_layer) if recompute == "none" else max(per_layer)
+        return base + micro_batch * kept
     h = int(v["num_heads"]) // lay.tp
     nope, rope, vd, kl = (int(v[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
-    others = seq_len - local  # keys of the other ranks' chunks, per sequence
     keys = others * (kl + rope + h * (nope + vd) + h * (nope + rope)) * act
     scores = local * others * (1 + (h * act if attention_probs else 0))
     layers = int(v["num_layers"]) + int(v["mtp_depth"]) if recompute == "none" else 1
     return base + layers * micro_batch * (keys + scores)
+
+
+def v4_context_bytes(v: Mapping[str, Any], lay: Layout, local: int, others: int, act: int,
+                     attention_probs: bool) -> list[int]:
+    """Per DeepSeek-V4 attention layer (trunk, then MTP blocks), the bytes one sequence's ``local`` tokens on a cp
+    rank save beyond one process's ``local`` tokens for the ``others`` tokens of the other ranks' chunks: their
+    gathered per-token entries (the shared key/value head_dim values; hca: the compressor's key and gate features,
+    head_dim each; csa: 2 x head_dim each, and the indexer's, 2 x csa_indexer_dim each), the pooling's copies of
+    their key features (3; csa 4: its overlapping windows copy them), their compressed entries (normed and rotated),
+    the mask of the local queries over them (the window mask spans the whole sequence) and on CPUs their
+    probabilities (sink attention saves three copies, measured: two with the sink column, one without), and the indexer's scores
+    over their compressed entries."""
+    args = ModelArgs.from_values(dict(v))
+    hd, h = args.head_dim, args.num_heads // lay.tp
+    out = []
+    for layer in range(args.num_layers + args.mtp_depth):
+        kind = args.layer_kind(layer)
+        every = {"csa": args.csa_compress_every, "hca": args.hca_compress_every}.get(kind, 0)
+        entries = others // every if every else 0
+        feature = {"csa": 2 * 2 * hd, "hca": 2 * hd}.get(kind, 0)  # key + gate features per token
+        indexer = 2 * 2 * args.csa_indexer_dim if kind == "csa" else 0
+        copies = 4 if kind == "csa" else 3  # csa's overlapping windows also copy the key features
+        per_token = (hd + feature + indexer + copies * (feature + indexer) // 2) * act + 2 * 8  # + position, doc
+        scores = local * (others + entries) * (1 + (3 * h * act if attention_probs else 0))
+        if kind == "csa":
+            scores += local * entries * (args.csa_indexer_heads * act + 2 * 4 + 1)
+        out.append(others * per_token + entries * 4 * hd * act + scores)
+    return out
 
 
 def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int | None = None) -> MemoryPlan:

@@ -193,7 +193,8 @@ def offload_problems(cfg: TrainerConfig) -> list[Problem]:
 
 def context_problems(cfg: TrainerConfig) -> list[Problem]:
     """What context parallelism (cp > 1) needs and does not cover yet: sequences that split into 2 cp equal
-    chunks (the load-balanced causal split), mla attention, a language-model mode (pretrain, cpt, sft)."""
+    chunks (the load-balanced causal split) and a language-model mode (pretrain, cpt, sft); both attention kinds
+    (mla, DeepSeek-V4's sliding / csa / hca) run under it."""
     cp = cfg.parallelism.cp
     if cp == 1:
         return []
@@ -205,10 +206,6 @@ def context_problems(cfg: TrainerConfig) -> list[Problem]:
     for i, c in enumerate(cfg.data.seq_len_curriculum):
         if c.seq_len % (2 * cp):
             out.append((f"data.seqLenCurriculum[{i}].seqLen", f"{c.seq_len} is {split}"))
-    m = cfg.model.args
-    if m.attention == "csa":
-        out.append(("parallelism.cp", "DeepSeek-V4 attention (sliding-window, compressed CSA/HCA layers) under "
-                    "cp > 1 is not supported yet; set cp 1 or use mla attention"))
     if cfg.mode in ("grpo", "opd"):
         out.append(("parallelism.cp", f"mode {cfg.mode} under cp > 1 is not supported yet (the language-model "
                     "modes pretrain, cpt and sft split sequences); set cp 1"))

@@ -51,6 +51,19 @@ class SequenceKeys:
         out[:, : ids.shape[1] - s] = ids[:, s:]
         return out
 
+    def whole(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per-token tensors [B, t, ...] of the layer's tokens -> [B, T, ...] of the whole sequences, in sequence
+        order (gradients flow back to the tokens' owners): here the layer's tokens are the whole sequences."""
+        return tensors
+
+    def indices(self, t: int, device: torch.device) -> torch.Tensor:
+        """The index [t] of each of the layer's tokens in its whole sequence."""
+        return torch.arange(t, device=device)
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        """A count (no gradient) of the layer's tokens summed over every part of the sequences."""
+        return x
+
 
 @dataclass
 class AttnContext:
@@ -68,6 +81,19 @@ class AttnContext:
     """SequenceKeys.gather of the model (None: keys are the layer's own tokens)."""
     cache: AttentionCache | None = None
     """Decoding only: the KV cache every attention layer delegates to (None: a plain full forward)."""
+    keys: SequenceKeys = field(default_factory=SequenceKeys)
+    """The model's SequenceKeys (V4 attention reads the whole sequences' per-token entries through it)."""
+    ids: tuple[torch.Tensor, torch.Tensor] | None = None
+    """sequence_ids' cache."""
+
+    def sequence_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(position ids, document ids) [B, S] of the whole sequences the keys come from (document 0 everywhere
+        without doc_ids), computed once per forward."""
+        if self.ids is None:
+            doc = self.doc_ids if self.doc_ids is not None else torch.zeros_like(self.position_ids)
+            pos_all, doc_all = self.keys.whole([self.position_ids, doc])
+            self.ids = (pos_all, doc_all)
+        return self.ids
 
     def rope(self, theta: float, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [B, T, dim/2] at position_ids for base `theta`, computed once per forward."""

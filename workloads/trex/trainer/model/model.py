@@ -186,7 +186,7 @@ class DeepSeekModel(nn.Module):
         self.lm_head = nn.Linear(d, args.vocab_size, bias=False)
         self.mtp = nn.ModuleList(MTPModule(args, seed, args.num_layers + k) for k in range(args.mtp_depth))
         self.keys = SequenceKeys()
-        """Which keys the mla layers' queries see (trex.trainer.parallel.context gathers them under cp)."""
+        """Which keys the attention layers' queries see (trex.trainer.parallel.context gathers them under cp)."""
 
     # --- initialisation ------------------------------------------------------------------
     def init_spec(self) -> dict[str, Init]:
@@ -250,7 +250,7 @@ class DeepSeekModel(nn.Module):
         cos, sin = rope_cos_sin(position_ids, self.args.qk_rope_head_dim, self.args.rope_theta, dtype=rope_dtype)
         mask = self.keys.mask(doc_ids, b, t, input_ids.device) if self.args.attention == "mla" else None
         ctx = AttnContext(position_ids=position_ids, doc_ids=doc_ids, cos=cos, sin=sin, mask=mask, cache=cache,
-                          gather=self.keys.gather)
+                          gather=self.keys.gather, keys=self.keys)
         ctx.ropes[(self.args.rope_theta, self.args.qk_rope_head_dim)] = (cos, sin)
         acc = _Acc()
         n = self.args.hc_mult

@@ -37,7 +37,6 @@ from trex.trainer.model.context import AttnContext
 from trex.trainer.model.layers import (
     RMSNorm,
     apply_rope_tail,
-    causal_doc_mask,
     local_tensor,
     rope_cos_sin,
     unit_rms,
@@ -97,12 +96,21 @@ class Pool(nn.Module):
         self.position_bias = nn.Parameter(torch.zeros(every, width))
         self.kv_norm = RMSNorm(dim, args.norm_eps, scale_in_fp32=True)
 
+    def features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The per-token inputs of the pooling, [key/value [B, T, width], gate [B, T, width]] (width: dim, two
+        halves of dim each with ``overlap``): what a context-parallel rank gathers."""
+        return [self.kv_proj(x), self.gate_proj(x)]
+
     def pool(self, x: torch.Tensor, ctx: AttnContext, win: Windows, doc: torch.Tensor) -> torch.Tensor:
-        """Compressed entries [B, S, dim], normalised and rotated at their window's first position."""
-        b = x.shape[0]
-        pos = ctx.position_ids
-        kv = self.kv_proj(x)
-        gate = self.gate_proj(x) + self.position_bias[pos % self.every]
+        """Compressed entries [B, S, dim] of the tokens x, normalised and rotated at their window's first position."""
+        kv, gate = self.features(x)
+        return self.pool_features(kv, gate, ctx.position_ids, win, doc, ctx.cos.dtype)
+
+    def pool_features(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, win: Windows, doc: torch.Tensor,
+                      rope_dtype: torch.dtype) -> torch.Tensor:
+        """Compressed entries [B, S, dim] from the features of the tokens at positions pos [B, T] (documents doc)."""
+        b = kv.shape[0]
+        gate = gate + self.position_bias[pos % self.every]
         s, d = win.count, self.dim
         if self.overlap:
             nxt = win.seg + 1
@@ -120,7 +128,7 @@ class Pool(nn.Module):
         den = e.new_zeros((b, s + 1, d)).scatter_add(1, idx, e)
         w = (e / den.gather(1, idx)).to(kv.dtype)
         pooled = kv.new_zeros((b, s + 1, d)).scatter_add(1, idx, kv * w)[:, :s]
-        cos, sin = rope_cos_sin(win.start, self.rope_dim, self.theta, dtype=ctx.cos.dtype)
+        cos, sin = rope_cos_sin(win.start, self.rope_dim, self.theta, dtype=rope_dtype)
         return apply_rope_tail(self.kv_norm(pooled), cos, sin)
 
 
@@ -146,7 +154,7 @@ class Indexer(Pool):
 
     def scores(self, x: torch.Tensor, q_res: torch.Tensor, ctx: AttnContext, win: Windows,
                doc: torch.Tensor) -> torch.Tensor:
-        """Index scores [B, T, S] (>= fp32)."""
+        """Index scores [B, T, S] (>= fp32) of the tokens x against their own compressed keys."""
         return self.score_keys(x, q_res, ctx, self.pool(x, ctx, win, doc))
 
     def score_keys(self, x: torch.Tensor, q_res: torch.Tensor, ctx: AttnContext, keys: torch.Tensor) -> torch.Tensor:
@@ -183,6 +191,15 @@ def sink_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks:
     full = torch.cat([logits, sink], dim=-1)
     probs = torch.softmax(full - full.amax(-1, keepdim=True).detach(), dim=-1)[..., :-1]
     return torch.einsum("bhts,bsd->bthd", probs.to(kv.dtype), kv)
+
+
+def window_mask(q_idx: torch.Tensor, doc: torch.Tensor, doc_all: torch.Tensor, window: int) -> torch.Tensor:
+    """Boolean [B, 1, t, S]: key j (of the whole sequences' S tokens) visible to query i (global index q_idx[i],
+    document doc[:, i]) iff j <= q_idx[i] < j + window, in the same document."""
+    k_idx = torch.arange(doc_all.shape[1], device=doc.device)
+    back = q_idx[:, None] - k_idx[None, :]
+    allowed = (back >= 0) & (back < window)
+    return (allowed[None] & (doc[:, :, None] == doc_all[:, None, :]))[:, None]
 
 
 def top_k_visible(masked_scores: torch.Tensor, visible: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -234,20 +251,34 @@ class V4Attention(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (output [B, T, D], indexer KL loss scalar: zero outside csa)."""
+        """Returns (output [B, T, D], indexer KL loss scalar: zero outside csa).
+
+        The queries are the tokens x; the keys come from the whole sequences through ``ctx.keys`` (the tokens x
+        themselves in one process; every chunk of the sequences under context parallelism): the shared key/value
+        entries, and the compressor's and the indexer's per-token features, so the compressed entries are
+        pooled over the whole sequences' windows."""
         if ctx.cache is not None:
             return ctx.cache.attend(self, x, ctx)
         b, t, _ = x.shape
         q_res, q, kv = self.project(x, ctx)
-        mask = causal_doc_mask(ctx.doc_ids, b, t, x.device, window=self.window)
+        doc = ctx.doc_ids if ctx.doc_ids is not None else torch.zeros((b, t), dtype=torch.long, device=x.device)
+        comp = self.compressor
+        feats = [kv]
+        if comp is not None:
+            feats += comp.features(x)
+            if comp.indexer is not None:
+                feats += comp.indexer.features(x.detach())  # the indexer trains on detached inputs
+        kv, *per_token = ctx.keys.whole(feats)
+        pos_all, doc_all = ctx.sequence_ids()
+        mask = window_mask(ctx.keys.indices(t, x.device), doc, doc_all, self.window)
         aux = upcast(x.new_zeros(()))
-        if self.compressor is not None:
-            doc = ctx.doc_ids if ctx.doc_ids is not None else torch.zeros((b, t), dtype=torch.long, device=x.device)
-            win = windows(ctx.position_ids, doc, self.compressor.every)
-            entries = self.compressor.pool(x, ctx, win, doc)
-            visible = win.visible(ctx.position_ids, doc, self.compressor.every)
-            if self.compressor.indexer is not None:
-                visible, aux = self.select(x, q_res, q, entries, visible, ctx, win, doc)
+        if comp is not None:
+            win = windows(pos_all, doc_all, comp.every)
+            entries = comp.pool_features(per_token[0], per_token[1], pos_all, win, doc_all, ctx.cos.dtype)
+            visible = win.visible(ctx.position_ids, doc, comp.every)
+            if comp.indexer is not None:
+                keys = comp.indexer.pool_features(per_token[2], per_token[3], pos_all, win, doc_all, ctx.cos.dtype)
+                visible, aux = self.select(x, q_res, q, entries, keys, visible, ctx)
             kv = torch.cat([kv, entries], dim=1)
             mask = torch.cat([mask, visible[:, None]], dim=-1)
         return self.attend(q, kv, mask, ctx), aux
@@ -269,18 +300,22 @@ class V4Attention(nn.Module):
         return self.grouped_out(apply_rope_tail(o, cos, -sin))
 
     def select(self, x: torch.Tensor, q_res: torch.Tensor, q: torch.Tensor, entries: torch.Tensor,
-               visible: torch.Tensor, ctx: AttnContext, win: Windows,
-               doc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The indexer's top-k of the visible entries [B, T, S] and its KL training loss."""
+               index_keys: torch.Tensor, visible: torch.Tensor,
+               ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indexer's top-k of the visible entries [B, T, S] (its compressed keys index_keys [B, S, dim]) and
+        its KL training loss."""
         assert self.compressor is not None and self.compressor.indexer is not None
         indexer = self.compressor.indexer
-        scores = indexer.scores(x.detach(), q_res.detach(), ctx, win, doc)
+        scores = indexer.score_keys(x.detach(), q_res.detach(), ctx, index_keys)
         masked = scores.masked_fill(~visible, -1e30)
-        return top_k_visible(masked, visible, indexer.top_k), self.indexer_loss(q, entries, masked, visible)
+        return (top_k_visible(masked, visible, indexer.top_k),
+                self.indexer_loss(q, entries, masked, visible, ctx.keys.total))
 
     def indexer_loss(self, q: torch.Tensor, entries: torch.Tensor, masked_scores: torch.Tensor,
-                     visible: torch.Tensor) -> torch.Tensor:
-        """KL(main attention over the visible entries, head-mean, detached || indexer softmax)."""
+                     visible: torch.Tensor, total: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """KL(main attention over the visible entries, head-mean, detached || indexer softmax), averaged over the
+        query rows that see an entry: ``total`` counts them over the whole sequences (SequenceKeys.total), so
+        the parts of a split sequence sum to its loss."""
         with torch.no_grad():
             logits = upcast(torch.einsum("bthd,bsd->bhts", q, entries)) * self.head_dim**-0.5
             p = logits.masked_fill(~visible[:, None], -1e30).softmax(-1).mean(1)
@@ -289,5 +324,5 @@ class V4Attention(nn.Module):
         logq = masked_scores.log_softmax(-1)
         rows = visible.any(-1)
         kl = (torch.special.xlogy(p, p) - p * logq).sum(-1)
-        loss: torch.Tensor = (kl * rows).sum() / rows.sum().clamp(min=1)
+        loss: torch.Tensor = (kl * rows).sum() / total(rows.sum()).clamp(min=1)
         return loss  # >= fp32: float64 for a float64 model

@@ -11,6 +11,19 @@ boundaries. The model knows nothing of this: its attention calls its ``keys`` ob
   norm and rotation) is all-gathered over cp with a differentiable collective (its backward reduce-scatters
   the keys' gradients back to the ranks that own them); the mask is causal and per document over the global
   token indices;
+- DeepSeek-V4 (sliding / csa / hca, trex.trainer.model.v4attention): the queries and the indexer's queries stay
+  local; :meth:`GatheredKeys.whole` all-gathers, in one differentiable collective per layer, the per-token
+  entries the keys are made of, and puts them in sequence order: the shared key/value entry (head_dim values,
+  normed and rotated at its position), and on a compressed layer the compressor's key and gate features (hca:
+  head_dim each; csa: 2 x head_dim each, the overlapping windows' two halves) and on csa the indexer's (2 x
+  csa_indexer_dim each): per token 1, 3 or 5 head_dim + 4 csa_indexer_dim values (V4-Flash in bf16: 1, 3 and
+  6 KiB), plus the positions and document ids once per forward (16 bytes). Every rank then pools the compressed
+  entries of the whole sequences exactly as one process does (windows cut by a chunk boundary and the
+  overlapping CSA windows included), the sliding window and the entries' visibility follow each local query's
+  global index, position and document, and the indexer's top-k runs over every visible entry of the sequence.
+  The indexer loss averages over the whole sequences' query rows (their count summed over cp), so the ranks'
+  losses sum to one process's. The gathered entries at full sequence are a per-layer transient (kept for the
+  backward without recompute; trex.trainer.plan.v4_context_bytes counts them);
 - MTP: a module's input is the token some places later in the whole sequence, which may lie in another
   rank's chunk: :meth:`GatheredKeys.shift` all-gathers the token ids (the objective makes the MTP targets on
   the whole sequences before the split, trex.trainer.data.objective);
@@ -19,8 +32,8 @@ boundaries. The model knows nothing of this: its attention calls its ``keys`` ob
   exactly its tokens' gradient).
 
 The loss and token counts reduce over the dp x cp ranks (trex.trainer.parallel.mesh.Meshes.dp), the expert
-counts over the world, as over data. What cp does not cover yet (DeepSeek-V4 attention, the sampling modes) is
-refused by trex.trainer.rules.
+counts over the world, as over data. What cp does not cover yet (the sampling modes grpo and opd) is refused by
+trex.trainer.rules.
 """
 
 from __future__ import annotations
@@ -91,6 +104,49 @@ class GatheredKeys(SequenceKeys):
             all_docs = torch.cat(parts, dim=1)
             mask = mask & (doc_ids[:, :, None] == all_docs[:, None, :])
         return mask[:, None]
+
+    def whole(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """DeepSeek-V4 attention's per-token entries [B, t, ...] of this rank's chunks -> [B, cp t, ...] of the
+        whole sequences in sequence order. The floating ones (the layer's shared key/value entries and its
+        compressor's and indexer's key/gate features) travel in one differentiable all-gather (backward:
+        reduce-scatter to their owners); the others (positions, document ids) in a plain one."""
+        out: list[torch.Tensor | None] = [None] * len(tensors)
+        for floating in (True, False):
+            picked = [i for i, t in enumerate(tensors) if t.is_floating_point() == floating]
+            if not picked:
+                continue
+            flat = [tensors[i].reshape(*tensors[i].shape[:2], -1) for i in picked]
+            widths = [f.shape[-1] for f in flat]
+            both = torch.cat(flat, dim=-1)
+            if floating:
+                gathered = self.all_gather(both)
+            else:
+                import torch.distributed as dist
+
+                parts = [torch.empty_like(both) for _ in range(self.cp)]
+                dist.all_gather(parts, both.contiguous(), group=self.group)
+                gathered = torch.cat(parts, dim=1)
+            gathered = gathered.index_select(1, self.order(gathered.shape[1], gathered.device))
+            for i, part in zip(picked, torch.split(gathered, widths, dim=-1), strict=True):
+                out[i] = part.reshape(part.shape[0], part.shape[1], *tensors[i].shape[2:]).to(tensors[i].dtype)
+        return [t for t in out if t is not None]
+
+    def order(self, seq: int, device: torch.device) -> torch.Tensor:
+        """Where each global token index [seq] sits in a gather of every rank's chunks (rank 0's first)."""
+        held = torch.cat([chunk_indices(seq, self.cp, r) for r in range(self.cp)])
+        return held.argsort().to(device)
+
+    def indices(self, t: int, device: torch.device) -> torch.Tensor:
+        """The global indices [t] of this rank's tokens (its head and tail chunks)."""
+        return chunk_indices(t * self.cp, self.cp, self.rank).to(device)
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        """A count (no gradient) summed over the cp ranks."""
+        import torch.distributed as dist
+
+        x = x.detach().clone()
+        dist.all_reduce(x, group=self.group)
+        return x
 
     def shift(self, ids: torch.Tensor, s: int) -> torch.Tensor:
         """The token ``s`` places later in each whole sequence at this rank's positions (0 past the end): the
