@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trex.trainer.rollout.external import request_seed
@@ -62,7 +63,7 @@ def test_bad_requests_name_what_is_wrong() -> None:
 
 
 def test_a_push_waits_for_requests_in_flight_and_holds_new_ones_back() -> None:
-    gate, order = VersionGate(), []
+    gate, order = VersionGate(), list[tuple[str, str, int | None]]()
     gate.version = 3
     entered = threading.Event()
 
@@ -101,3 +102,105 @@ def test_a_server_that_never_comes_back_fails_the_rollout_naming_it() -> None:
     eng = VLLMEngine([url], Path("."), retry_s=0.5)
     with pytest.raises(RuntimeError, match=re.escape(f"vLLM server {url} did not come back within rollout.retrySeconds=0.5 s")):
         eng.generate([PROMPT], SAMPLED, 0)
+
+
+class ScriptedServer:
+    """An OpenAI-completions endpoint on loopback that streams tokens the way vLLM's seeded sampling draws them: the
+    i-th token of a request is a function of (its prompt, its seed, i), not of the position in the response. It
+    answers /health, records every request body, can cut request ``cut[0]`` after ``cut[1]`` tokens (as a killed
+    server does) and can end every response early after ``eos_after`` tokens (an end-of-sequence token)."""
+
+    def __init__(self, cut: tuple[int, int] | None = None, eos_after: int | None = None) -> None:
+        import http.server
+        import json
+
+        self.bodies: list[dict[str, Any]] = []
+        self.cut, self.eos_after = cut, eos_after
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.bodies.append(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                n = body["max_tokens"] if outer.eos_after is None else min(body["max_tokens"], outer.eos_after)
+                for i in range(n):
+                    if outer.cut == (len(outer.bodies) - 1, i):
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return  # the connection drops: no [DONE]
+                    tok = ScriptedServer.token(body["prompt"], body["seed"], i)
+                    chunk = {"choices": [{"logprobs": {"tokens": [f"token_id:{tok}"],
+                                                       "token_logprobs": [-tok / 1000]}}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.close_connection = True
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def token(prompt: list[int], seed: int, step: int) -> int:
+        return (sum(prompt) * 7 + seed * 13 + step * 29) % 500
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_cut_stream_continues_from_the_log_and_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Against a server with vLLM's per-request seeding: uninterrupted, then with a stream cut after 21 tokens
+    (inside the second segment of 16): the result is the same; the continuation sent prompt + 16 tokens, seeded as
+    the uninterrupted run's second segment, re-drew 5 tokens (checked, not logged twice), and the log holds each
+    token once at its position."""
+    from trex.trainer.rollout.wal import RolloutLog, group_records, read_log
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=40)
+    ref_srv = ScriptedServer()
+    try:
+        ref = VLLMEngine([ref_srv.url], tmp_path, segment=16).generate([PROMPT], params, 9, sample_ids=[4])[0]
+    finally:
+        ref_srv.close()
+    assert [b["max_tokens"] for b in ref_srv.bodies] == [16, 16, 8]
+    srv = ScriptedServer(cut=(1, 21 - 16))
+    log = tmp_path / "cut.wal"
+    try:
+        eng = VLLMEngine([srv.url], tmp_path, segment=16, retry_s=5)
+        got = eng.generate([PROMPT], params, 9, sample_ids=[4], wal=RolloutLog(log))[0]
+    finally:
+        srv.close()
+    assert got.tokens == ref.tokens and got.logprobs == ref.logprobs
+    assert [(len(b["prompt"]), b["max_tokens"], b["seed"]) for b in srv.bodies] == [
+        (3, 16, segment_seed(9, 4, 0)), (19, 16, segment_seed(9, 4, 16)), (19, 16, segment_seed(9, 4, 16)),
+        (35, 8, segment_seed(9, 4, 32))]
+    st = eng.stats
+    assert (st.cuts, st.kept, st.prefix_tokens, st.replayed, st.diverged, st.requests) == (1, 21, 16, 5, 0, 4)
+    _, records, _ = read_log(log.read_bytes(), log)
+    assert group_records(records, log)[4].tokens == ref.tokens
+    again = VLLMEngine([srv.url], tmp_path).generate([PROMPT], params, 9, sample_ids=[4], wal=RolloutLog(log))[0]
+    assert again.tokens == ref.tokens and again.resumed == 40  # all read back: nothing sent to the (closed) server
+
+
+def test_a_response_the_server_ends_early_is_not_continued(tmp_path: Path) -> None:
+    """A server that ends a response before max_tokens (its end-of-sequence token, not one of ours) ends the sample."""
+    srv = ScriptedServer(eos_after=5)
+    try:
+        got = VLLMEngine([srv.url], tmp_path, segment=16).generate([PROMPT], SAMPLED, 9)[0]
+    finally:
+        srv.close()
+    assert len(got.tokens) == 5 and len(srv.bodies) == 1 and got.finish_reason is None

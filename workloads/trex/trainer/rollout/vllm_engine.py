@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from trex.trainer.config import RolloutConfig
 from trex.trainer.rollout.engine import Rollout, finish_reason, log_header
@@ -351,7 +351,7 @@ class VLLMEngine:
                 if continued:
                     count(prefix_tokens=start, kept=len(r.tokens))
                     continued = False
-                pos, held = start, len(r.tokens)
+                pos, held, end = start, len(r.tokens), start + cast(int, body["max_tokens"])
                 try:
                     with self.gate.reading() as version, closing(stream_completion(
                             self.servers[server] + "/v1/completions", body, self.timeout_s)) as stream:
@@ -374,11 +374,14 @@ class VLLMEngine:
                     continued = True
                     server = self._server_back(server, str(cut), r.sample_id, len(r.tokens))
                     continue
+                ended = held <= pos < end  # the server ended the response early (an end-of-sequence token)
                 if pos < held:  # the replay drew another token (or ended) before the end of the log
                     count(diverged=1)
                     replay = False
                 if on_segment is not None:
                     on_segment(k, len(r.tokens))
+                if ended:
+                    break
             if on_answer is not None:
                 on_answer(k)
 
