@@ -108,14 +108,15 @@ class ScriptedServer:
     """An OpenAI-completions endpoint on loopback that streams tokens the way vLLM's seeded sampling draws them: the
     i-th token of a request is a function of (its prompt, its seed, i), not of the position in the response. It
     answers /health, records every request body, can cut request ``cut[0]`` after ``cut[1]`` tokens (as a killed
-    server does) and can end every response early after ``eos_after`` tokens (an end-of-sequence token)."""
+    server does), can end every response early after ``eos_after`` tokens (an end-of-sequence token) and can fail
+    every request (HTTP 500) while /health answers."""
 
-    def __init__(self, cut: tuple[int, int] | None = None, eos_after: int | None = None) -> None:
+    def __init__(self, cut: tuple[int, int] | None = None, eos_after: int | None = None, fail: bool = False) -> None:
         import http.server
         import json
 
         self.bodies: list[dict[str, Any]] = []
-        self.cut, self.eos_after = cut, eos_after
+        self.cut, self.eos_after, self.fail = cut, eos_after, fail
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -132,6 +133,11 @@ class ScriptedServer:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.bodies.append(body)
+                if outer.fail:
+                    self.send_response(500)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
@@ -204,3 +210,15 @@ def test_a_response_the_server_ends_early_is_not_continued(tmp_path: Path) -> No
     finally:
         srv.close()
     assert len(got.tokens) == 5 and len(srv.bodies) == 1 and got.finish_reason is None
+
+
+def test_a_server_that_keeps_failing_requests_fails_the_rollout_naming_it(tmp_path: Path) -> None:
+    """HTTP 500 on every request while /health answers: retried for retrySeconds, then one error naming the server."""
+    srv = ScriptedServer(fail=True)
+    try:
+        with pytest.raises(RuntimeError, match=re.escape(f"vLLM server {srv.url} kept cutting requests within "
+                                                         "rollout.retrySeconds=1 s")):
+            VLLMEngine([srv.url], tmp_path, retry_s=1).generate([PROMPT], SAMPLED, 9)
+    finally:
+        srv.close()
+    assert len(srv.bodies) > 1  # it did retry

@@ -292,19 +292,19 @@ class VLLMEngine:
         lps = answer["choices"][0]["logprobs"]["token_logprobs"]
         return [float(x) for x in lps[len(prompt):len(prompt) + len(tokens)]]
 
-    def _server_back(self, first: int, why: str, sample_id: int, held: int) -> int:
-        """The index of a server that answers /health again, trying ``first`` first, within retry_s; RuntimeError
-        naming the server otherwise."""
-        deadline = time.monotonic() + self.retry_s
+    def _server_back(self, first: int, why: str, sample_id: int, held: int, deadline: float) -> int:
+        """The index of a server that answers /health again, trying ``first`` first, by ``deadline`` (retry_s after
+        the sample's first cut without progress); RuntimeError naming the server otherwise."""
         while True:
-            for k in range(len(self.servers)):
-                i = (first + k) % len(self.servers)
-                if healthy(self.servers[i]):
-                    return i
+            up = next((i for i in ((first + k) % len(self.servers) for k in range(len(self.servers)))
+                       if healthy(self.servers[i])), None)
             if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"vLLM server {self.servers[first]} did not come back within rollout.retrySeconds="
-                    f"{self.retry_s:g} s after a cut request (sample {sample_id}, {held} tokens logged): {why}")
+                what = "did not come back" if up is None else "kept cutting requests"
+                raise RuntimeError(f"vLLM server {self.servers[first]} {what} within rollout.retrySeconds="
+                                   f"{self.retry_s:g} s after a cut request (sample {sample_id}, {held} tokens "
+                                   f"logged): {why}")
+            if up is not None:
+                return up
             time.sleep(0.5)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int, *,
@@ -344,7 +344,7 @@ class VLLMEngine:
 
         def one(k: int) -> None:
             r, budget, server = rollouts[k], budgets[k], k % len(self.servers)
-            continued, replay = r.resumed > 0, True
+            continued, replay, since = r.resumed > 0, True, None
             while finish_reason(r.tokens, budget - len(r.tokens), params) is None:
                 start, body = segment_request(r.prompt, r.tokens, params, seed, r.sample_id, budget, self.segment,
                                               replay=replay)
@@ -372,8 +372,11 @@ class VLLMEngine:
                 except Cut as cut:
                     count(cuts=1)
                     continued = True
-                    server = self._server_back(server, str(cut), r.sample_id, len(r.tokens))
+                    if since is None or len(r.tokens) > held:  # retry_s runs from the last cut that made progress
+                        since = time.monotonic()
+                    server = self._server_back(server, str(cut), r.sample_id, len(r.tokens), since + self.retry_s)
                     continue
+                since = None
                 ended = held <= pos < end  # the server ended the response early (an end-of-sequence token)
                 if pos < held:  # the replay drew another token (or ended) before the end of the log
                     count(diverged=1)
