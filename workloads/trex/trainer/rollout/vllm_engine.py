@@ -469,3 +469,9 @@ def push_for_step(engine: VLLMRollouts, ctx: RunContext, step: int) -> dict[str,
         return {}
     return {"rollout_push_bytes": float(st.bytes), "rollout_push_export_seconds": st.export_seconds,
             "rollout_push_reload_seconds": st.reload_seconds, "rollout_policy_version": float(step)}
+
+
+def rollout_metrics(engine: VLLMRollouts) -> dict[str, float]:
+    """The last rollout's cut requests and the tokens its continuations kept from the log, as step metrics."""
+    st = engine.engine.stats
+    return {"rollout_requests_cut": float(st.cuts), "rollout_tokens_kept": float(st.kept)}
