@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trex.kernels.config import KernelTuneConfig
+from trex.vllm_cpu import MOE_REPACK, NATIVE_ROPE
 
 from trex_operator import ranktable
 from trex_operator.api import LineageEntry, Progress, Results
@@ -59,10 +60,16 @@ LAUNCHER = ["python", "-m", "trex.runtime.launch", "--"]
 SERVED_MODEL_NAME = "policy"
 """The model name a rollout server serves the policy under (what the trainer's vLLM engine requests)."""
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
-CPU_NATIVE_ROPE = ["--compilation-config", '{"custom_ops": ["-rotary_embedding"]}']
-"""CPU servers run RoPE as vLLM's PyTorch code: vllm-cpu 0.32's rotary kernel rotates MLA's multi-head query at
-the wrong positions (trex.trainer.rollout.vllm_server.NATIVE_ROPE, which local servers pass too)."""
 """vLLM's --dtype for trainer.model.dtype: the servers compute in the trainer's dtype."""
+CPU_NATIVE_ROPE = ["--compilation-config", NATIVE_ROPE]
+"""CPU servers run RoPE as vLLM's PyTorch code: vllm-cpu 0.32's rotary kernel rotates MLA's multi-head query at
+the wrong positions (trex.vllm_cpu.NATIVE_ROPE, which local servers pass too)."""
+CPU_SITE_KEY = "vllm-sitecustomize.py"
+"""The key of trex.vllm_cpu.MOE_REPACK in the job's ConfigMap (CPU rollout servers)."""
+CPU_SITE_DIR = "/etc/trex-vllm-site"
+"""Where a CPU rollout server mounts it as ``sitecustomize.py`` (its PYTHONPATH): every process of the server
+re-prepacks the MoE experts after a weight push (vllm-cpu 0.32 prepacks them on the first load only), as the
+trainer's local servers do."""
 
 
 def bounded_name(base: str, suffix: str, limit: int = 63) -> str:
@@ -394,9 +401,15 @@ class TrainImpl(_PodKind):
         if ref is not None:
             vols.append({"name": "ref-0", **ref.source})
             mounts.append({"name": "ref-0", "mountPath": ref.mount_path, "readOnly": True})
+        env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]
         if spec.device_type != "cpu":  # tensor-parallel workers share tensors through /dev/shm
             vols.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
             mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        else:  # the MoE repack as the server's sitecustomize, from the job's ConfigMap
+            vols.append({"name": "vllm-site", "configMap": {
+                "name": config_map_name(job), "items": [{"key": CPU_SITE_KEY, "path": "sitecustomize.py"}]}})
+            mounts.append({"name": "vllm-site", "mountPath": CPU_SITE_DIR, "readOnly": True})
+            env.append({"name": "PYTHONPATH", "value": CPU_SITE_DIR})
         svc = self.rollout_service(job)
         out: list[Manifest] = []
         for i, name in enumerate(self.rollout_deployments(ctx)):
@@ -412,7 +425,7 @@ class TrainImpl(_PodKind):
                          "--served-model-name", SERVED_MODEL_NAME, "--logprobs-mode", "processed_logprobs",
                          *(CPU_NATIVE_ROPE if spec.device_type == "cpu" else []), *srv.args],
                 # the weight-update endpoints (/collective_rpc reload_weights, /pause, /resume) are dev-mode only
-                "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
+                "env": env,
                 "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],
                 "readinessProbe": {"httpGet": {"path": "/health", "port": srv.port}, "periodSeconds": 10},
             }
@@ -469,6 +482,8 @@ class TrainImpl(_PodKind):
     def children(self, ctx: Ctx) -> list[Manifest]:
         spec, job = ctx.model.spec, ctx.job
         data = {"trainer.yaml": render_yaml("trainer", self.trainer_config(ctx))}
+        if spec.rollout.server is not None and spec.device_type == "cpu":
+            data[CPU_SITE_KEY] = MOE_REPACK
         if spec.device_type == "npu":
             data[ctx.observed.defaults.rank_table_file_name] = to_json(self._rank_table(ctx))
         out: list[Manifest] = [config_map(job, config_map_name(job), data),

@@ -3,8 +3,10 @@ xdist a module fixture would start one server per worker, and the agreement chec
 
 The server starts on the learnable task's SFT export (test_grpo_learns, on tiny-vllm). References are independent
 of vLLM: trex's own forward of the same weights. After a push of the same weights, vLLM's greedy responses are trex's.
-Then the trainer's side of pushes: version tags, stale marking of a push during a rollout, GRPO and OPD steps rolled
-out on the server with a push before each, and test_grpo_learns's task learnt through the server. ``make test`` sets
+Then the trainer's side of pushes: version tags, stale marking of a push during a rollout (between two samples and
+between two segments of one), a kill -9 of the server mid-rollout (the rollout continues from its token log on the
+restarted server and equals an uninterrupted run), GRPO and OPD steps rolled out on the server with a push before
+each, and test_grpo_learns's task learnt through the server. ``make test`` sets
 TREX_REQUIRE_VLLM=1: a missing vLLM environment then fails this test instead of skipping it.
 """
 
@@ -14,6 +16,10 @@ import json
 import math
 import os
 import random
+import re
+import signal
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -30,10 +36,11 @@ from trex.trainer.hf import load_hf
 from trex.trainer.loop import Trainer
 from trex.trainer.model import build_model
 from trex.trainer.model.model import DeepSeekModel
-from trex.trainer.rollout.engine import generate
+from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
 from trex.trainer.rollout.vllm_engine import VLLMEngine
 from trex.trainer.rollout.vllm_server import VLLMServer
+from trex.trainer.rollout.wal import RECORD_SIZE, RolloutLog, group_records, read_log
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = {"model": {"preset": "tiny-vllm"}, "device": "cpu", "stability": {"enabled": False}}
@@ -114,7 +121,7 @@ def _get(url: str) -> dict[str, object]:
     return out
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_rollouts_on_a_real_vllm_server(tmp_path: Path) -> None:
     venv = _venv()
     hf = _sft(tmp_path)
@@ -123,6 +130,8 @@ def test_rollouts_on_a_real_vllm_server(tmp_path: Path) -> None:
         print(f"vLLM server ready in {server.wait_ready(600):.1f} s")
         _agreement_on_the_served_weights(server, hf, tmp_path)
         _pushes_tag_versions_and_mark_stale_samples(server, tmp_path)
+        _a_push_between_segments_marks_the_earlier_tokens_stale(server, tmp_path)
+        server = _a_killed_server_resumes_from_the_log(server, tmp_path)
         _grpo_steps_roll_out_on_the_server(server, hf, tmp_path)
         _opd_steps_roll_out_on_the_server(server, hf, tmp_path)
         _grpo_learns_through_the_server(server, hf, tmp_path)
@@ -222,6 +231,120 @@ def _pushes_tag_versions_and_mark_stale_samples(server: VLLMServer, root: Path) 
     assert _get(server.url + "/weight_info")["weight_version"] == "8"
     after = eng.generate(_prompts(4), SamplingParams(temperature=1.0, max_new_tokens=4), 0)
     assert all(r.versions == [8] * len(r.tokens) and not any(r.stale) for r in after)  # the server was resumed
+
+
+def _a_push_between_segments_marks_the_earlier_tokens_stale(server: VLLMServer, root: Path) -> None:
+    """Segments of 4 tokens, a push of other weights after sample 0's first segment: sample 0's first 4 tokens carry
+    the old version and are stale, the rest the new one; in every sample the versions only rise, and each token's
+    behaviour log-prob is that of the weights its version names (trex's forward of each, the nearer of the two)."""
+    old, new = _model(31, head_scale=8.0), _model(32, head_scale=8.0)
+    eng = VLLMEngine([server.url], root / "segment-weights", concurrency=2, segment=4)
+    _push(eng, old, 20)
+    pushed: list[int] = []
+
+    def push_once(k: int, held: int) -> None:
+        if k == 0 and held == 4 and not pushed:
+            pushed.append(held)
+            _push(eng, new, 21)
+
+    prompts = _prompts(2)
+    got = eng.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=12), 3, on_segment=push_once)
+    assert pushed and got[0].versions == [20] * 4 + [21] * 8, got[0].versions
+    for r in got:
+        assert r.policy_version == 21 and r.versions == sorted(r.versions)
+        assert r.stale == [v == 20 for v in r.versions]
+        with torch.no_grad():
+            ref = {v: torch.log_softmax(m(torch.tensor([r.prompt + r.tokens])).logits[0].double(), -1)
+                   for v, m in ((20, old), (21, new))}
+        for j, (tok, lp, v) in enumerate(zip(r.tokens, r.logprobs, r.versions, strict=True)):
+            here = {u: float(ref[u][len(r.prompt) - 1 + j, tok]) for u in ref}
+            assert abs(lp - here[v]) < abs(lp - here[41 - v]), (j, lp, here, v)
+    print(f"push between segments: versions of sample 0 {got[0].versions}, sample 1 {got[1].versions}")
+
+
+def _logged(path: Path) -> dict[int, list[int]]:
+    """The tokens a rollout log holds per sample id (read with the log's own parser, as a restarted run would)."""
+    _, records, _ = read_log(path.read_bytes(), path)
+    return {sid: s.tokens for sid, s in group_records(records, path).items()}
+
+
+def _mid_segment(log: Path, n: int, seg: int) -> bool:
+    """Whether each of the n samples has logged more than one segment and one of them is inside a segment."""
+    if not log.exists() or log.stat().st_size < n * seg * RECORD_SIZE:
+        return False
+    held = [len(t) for t in _logged(log).values()]
+    return len(held) == n and min(held) > seg and any(k % seg for k in held)
+
+
+def _a_killed_server_resumes_from_the_log(server: VLLMServer, root: Path) -> VLLMServer:
+    """kill -9 of the server's process group mid-rollout (temperature 1, segments of 16 tokens, once every sample has
+    logged more than one segment and one is inside a segment): while it is down a rollout that cannot wait fails naming the server; restarted from the same
+    weights folder, the cut rollout goes on in the same call and its tokens equal an uninterrupted run's (made on the
+    same server before the kill). A second run on the log as it was at the kill (a restarted trainer), after a push of
+    the same weights as a newer version: it reads the logged tokens, sends each sample's prompt + its logged tokens
+    up to the cut segment's start (never the prompt alone), re-draws the rest of that segment for the seed stream
+    (checked, not logged again), equals the uninterrupted run, and marks the tokens logged under the older version
+    stale. Returns the restarted server."""
+    model, seg, n, budget, seed = _model(23), 16, 12, 96, 5
+    eng = VLLMEngine([server.url], root / "kill-weights", segment=seg, retry_s=600)
+    _push(eng, model, 11)
+    folder = root / "kill-weights" / "policy-00000011"
+    prompts, params = _prompts(n), SamplingParams(temperature=1.0, max_new_tokens=budget)
+    t0 = time.monotonic()
+    ref = eng.generate(prompts, params, seed)
+    uninterrupted_s = time.monotonic() - t0
+    log, out = root / "kill.wal", dict[str, list[Rollout]]()
+    worker = threading.Thread(target=lambda: out.update(got=eng.generate(prompts, params, seed, wal=RolloutLog(log))))
+    worker.start()
+    while not _mid_segment(log, n, seg):
+        assert worker.is_alive(), "the rollout ended before the kill"
+        time.sleep(0.01)
+    assert server.proc is not None
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    time.sleep(0.5)  # the cut streams' last tokens reach the log
+    at_kill = log.read_bytes()
+    held = _logged(log)
+    logged = sum(len(t) for t in held.values())
+    quick = VLLMEngine([server.url], root / "kill-weights", retry_s=1)
+    with pytest.raises(RuntimeError, match=re.escape(f"vLLM server {server.url} did not come back within")):
+        quick.generate(prompts[:1], params, seed)
+    restarted = VLLMServer(folder, venv=server.venv, port=server.port, max_model_len=server.max_model_len,
+                           log_path=root / "server-restarted.log").start()
+    server.stop()
+    try:
+        restart_s = restarted.wait_ready(600)
+        worker.join(600)
+        got = out["got"]
+        cut = eng.stats
+        print(f"kill -9 after {logged}/{n * budget} tokens logged: restart {restart_s:.1f} s, {cut.cuts} requests cut, "
+              f"{cut.kept} tokens kept, {cut.replayed} re-drawn (uninterrupted rollout {uninterrupted_s:.1f} s)")
+        assert [r.tokens for r in got] == [r.tokens for r in ref]
+        assert [x for r in got for x in r.logprobs] == pytest.approx([x for r in ref for x in r.logprobs], abs=1e-4)
+        assert cut.cuts > 0 and cut.kept > 0 and cut.diverged == 0
+        assert all(r.versions == [11] * budget and not any(r.stale) for r in got)
+        assert all(len(t) > seg for t in held.values()) and len(held) == n
+        _push(eng, model, 12)  # the same weights, tagged as a newer version
+        again_log = root / "kill-restart.wal"
+        again_log.write_bytes(at_kill)
+        again = eng.generate(prompts, params, seed, wal=RolloutLog(again_log))
+        st = eng.stats
+        print(f"restarted run on the log: {st.resumed} tokens read back, {st.prefix_tokens} sent as prefix, "
+              f"{st.replayed} re-drawn, {st.requests} requests")
+        assert [r.tokens for r in again] == [r.tokens for r in ref]
+        assert st.resumed == logged > 0 and st.diverged == 0
+        assert st.prefix_tokens == sum(len(t) - len(t) % seg for t in held.values())
+        assert st.replayed == sum(len(t) % seg for t in held.values()) > 0
+        assert st.requests == sum(-(-(budget - len(t) + len(t) % seg) // seg) for t in held.values())
+        for r in again:
+            k = len(held[r.sample_id])
+            assert r.versions == [11] * k + [12] * (budget - k) and r.policy_version == 12
+            assert r.stale == [True] * k + [False] * (budget - k) and r.resumed == k
+        assert _logged(again_log) == {r.sample_id: r.tokens for r in again}
+    except BaseException:
+        restarted.stop()
+        raise
+    return restarted
 
 
 def _grpo_steps_roll_out_on_the_server(server: VLLMServer, hf: Path, root: Path) -> None:

@@ -288,3 +288,37 @@ def test_cpu_servers_run_rope_as_pytorch_code() -> None:
     gpu = [m for m in run(body()).ensure if m["kind"] == "Deployment"]
     assert gpu and all("--compilation-config" not in d["spec"]["template"]["spec"]["containers"][0]["args"]
                        for d in gpu)
+
+
+def test_cpu_servers_repack_moe_experts_after_a_push() -> None:
+    """A CPU vLLM server gets the local servers' MoE repack (trex.trainer.rollout.vllm_server writes the same text as
+    its sitecustomize) as ``sitecustomize.py`` on its PYTHONPATH, from a key of the job's ConfigMap; device servers
+    and the job's ConfigMap without CPU servers do not."""
+    from trex.trainer.rollout.vllm_server import MOE_REPACK
+
+    b = body(image="vllm-cpu:0.32.0", devicesPerReplica=0)
+    b["spec"].update(deviceType="cpu", devicesPerReplica=1)
+    plan = run(b)
+    (cm,) = [m for m in plan.ensure if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "tj-config"]
+    files = {k: v for k, v in cm["data"].items() if k != "trainer.yaml"}
+    assert list(files.values()) == [MOE_REPACK] and "process_weights_after_loading" in MOE_REPACK
+    compile(MOE_REPACK, "sitecustomize.py", "exec")
+    (key,) = files
+    deps = [m for m in plan.ensure if m["kind"] == "Deployment"]
+    assert len(deps) == 2
+    for dep in deps:
+        pod = dep["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        (vol,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == "tj-config"]
+        assert vol["configMap"]["items"] == [{"key": key, "path": "sitecustomize.py"}]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["PYTHONPATH"] == mount["mountPath"] and mount["readOnly"]
+        assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    gpu = run(body())
+    (gcm,) = [m for m in gpu.ensure if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "tj-config"]
+    assert list(gcm["data"]) == ["trainer.yaml"]
+    for dep in (m for m in gpu.ensure if m["kind"] == "Deployment"):
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        assert "PYTHONPATH" not in {e["name"] for e in c["env"]}
+        assert all("configMap" not in v for v in dep["spec"]["template"]["spec"]["volumes"])

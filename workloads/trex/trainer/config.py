@@ -596,6 +596,12 @@ class RolloutConfig(TrexModel):
     """Requests in flight at once over all servers."""
     timeout_s: float = Field(default=600.0, gt=0)
     """Limit of one request (a completion, a reload)."""
+    segment_tokens: int = Field(default=64, ge=0, le=1_048_576)
+    """Tokens per completion request: a sample is generated in segments, each seeded by its start, so a request cut
+    at temperature > 0 continues from the token log drawing what an uninterrupted run draws (0: one request per
+    response; a cut one then re-draws its logged tokens from the start)."""
+    retry_seconds: float = Field(default=600.0, gt=0)
+    """How long a cut request waits for a server to answer /health again before the rollout fails."""
     tis_cap: float | None = Field(default=None, gt=0)
     """mode grpo: truncated importance sampling, each token's loss weighted by min(pi_trainer / pi_rollout, tisCap)
     against the gap between the engine's and the trainer's log-probs of the same policy (unset = off)."""

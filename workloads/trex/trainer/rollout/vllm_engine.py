@@ -1,34 +1,66 @@
-"""Rollouts on vLLM servers fed with the trainer's weights (``rollout.engine: vllm``).
+"""Rollouts on vLLM servers fed with the trainer's weights (``rollout.engine: vllm``), preemptible through the token
+log.
 
-Sampling: one ``/v1/completions`` request per sample with the prompt as token ids, the sample's seed
-(:func:`~trex.trainer.rollout.external.request_seed`), ``logprobs`` and ``return_tokens_as_token_ids``, so every
-token comes back as an id with its behaviour log-prob; requests go round-robin over the servers. The servers run
-with ``--logprobs-mode processed_logprobs``: the log-prob after temperature, log_softmax(logits / T), which is what
-trex's in-process engine records and the loss recomputes (vLLM's default raw_logprobs ignore the temperature).
+Sampling: each sample is generated in segments of ``segment`` tokens (rollout.segmentTokens; 0: one segment), one
+streamed ``/v1/completions`` request per segment with prompt + the response so far as token ids, the remaining
+budget of the segment as ``max_tokens``, a seed keyed by (seed, sample id, segment start) (:func:`segment_seed`),
+``logprobs`` and ``return_tokens_as_token_ids``, so every token comes back as an id with its behaviour log-prob; the
+samples go round-robin over the servers. The servers run with ``--logprobs-mode processed_logprobs``: the log-prob
+after temperature, log_softmax(logits / T), which is what trex's in-process engine records and the loss recomputes
+(vLLM's default raw_logprobs ignore the temperature).
 
-Weights: :meth:`VLLMEngine.push` pauses every server (``/pause?mode=wait``: in-flight requests finish under the old
-weights), has the trainer write its sharded Hugging Face export into a step folder the servers can read, reloads it
-on every server (``/collective_rpc`` ``reload_weights``), tags the version (``/update_weight_version``) and resumes.
-Each request is tagged with the version the servers held when it was sent; a rollout's policy version is the newest
-version among its samples, so a sample drawn before a push that happened during the rollout is marked stale.
+Preemption: with a :class:`~trex.trainer.rollout.wal.RolloutLog` every token is logged as it streams in (sample id,
+position, token, log-prob, policy version). A request that is cut (the server killed or restarted, the connection
+lost, a timeout, a server error, a stream that ends early) is sent again once a server answers ``/health`` (within
+``retry_s``, else a RuntimeError naming the server), and a rollout rerun on the same log (a restarted trainer) takes
+the logged tokens as they are: a sample continues from what it holds (:func:`segment_request`), never from scratch.
+What is exact: vLLM's seeded sampling draws one number per decode step from a generator seeded once per request, so
+the draws depend on the request's seed and the step within the request, not on the position. Segments make the
+seed a function of the position at which a request starts. At temperature 0 a continuation starts at the end of the
+log and its tokens are an uninterrupted run's. At temperature > 0 a continuation restarts the cut segment at its
+first position with that segment's seed; the server re-draws the logged tokens of that segment (at most segment - 1
+per sample), they are checked against the log and not logged again, and from the end of the log on the draws are
+the uninterrupted run's: the result equals an uninterrupted run's tokens whenever the server computes the same
+logits for the same tokens (same weights; vLLM's CPU kernels gave equal logits across batch compositions here).
+What is not exact: a replayed token that differs from the logged one (other weights after a push, or a near-tie
+broken the other way by other numerics) ends the replay; the log's tokens stand and the sample continues from the
+end of the log with a seed keyed by that position (a valid sample of the policy, counted as ``diverged``, not the
+uninterrupted run's). In either case the tokens kept are those the log holds, so an interruption does not bias which
+samples finish (the length bias a resend from scratch has).
+
+Weights and versions: :meth:`VLLMEngine.push` writes the trainer's sharded Hugging Face export into a step folder the
+servers can read, then, holding the engine's version gate exclusively (it waits for the segment requests in flight
+and holds new ones back), pauses every server (``/pause?mode=wait``), reloads the folder on every server
+(``/collective_rpc`` ``reload_weights``), tags the version (``/update_weight_version``) and resumes. Every request
+holds the gate shared from before it is sent until its stream ends, so all the tokens of one request were sampled
+under the version it is tagged with; a push between two segments of a sample tags the later tokens with the new
+version. A rollout's policy version is the newest version among its tokens (logged ones included), so tokens drawn
+before a push during the rollout, or logged before a restart that came back under a newer version, are stale (the
+loss masks them).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from trex.trainer.config import RolloutConfig
-from trex.trainer.rollout.engine import Rollout, finish_reason
-from trex.trainer.rollout.external import request_seed, token_ids
-from trex.trainer.rollout.sampling import SamplingParams
+from trex.trainer.rollout.engine import Rollout, finish_reason, log_header
+from trex.trainer.rollout.external import token_ids
+from trex.trainer.rollout.sampling import SamplingParams, uniform
 from trex.trainer.rollout.vllm_server import VLLMServer, post_json
+from trex.trainer.rollout.wal import LoggedSample, Record, RolloutLog
 
 if TYPE_CHECKING:
     from trex.trainer.objective import RunContext
@@ -46,24 +78,180 @@ class PushStats:
     reload_seconds: float
 
 
+@dataclass
+class RolloutStats:
+    """What one :meth:`VLLMEngine.generate` call sent and kept."""
+
+    requests: int = 0
+    """Completion requests sent (segments, continuations and retries)."""
+    cuts: int = 0
+    """Requests cut (connection lost, server error, stream ended early) and sent again."""
+    resumed: int = 0
+    """Tokens read from the log when the rollout opened it (an earlier run's)."""
+    kept: int = 0
+    """Tokens a continuation kept instead of sampling them again: those logged before a cut or read from the log."""
+    prefix_tokens: int = 0
+    """Response tokens sent back as prompt prefix by requests that continue a cut or logged sample."""
+    replayed: int = 0
+    """Logged tokens the server drew again to realign a cut segment's seed stream (temperature > 0), found equal."""
+    diverged: int = 0
+    """Samples whose replay drew another token than the log (continued from the log's end, not exactly)."""
+
+
+class Cut(Exception):
+    """A completion request that ended before its answer did (the server went away, failed or timed out)."""
+
+
 def folder_bytes(path: Path) -> int:
     """Bytes of the safetensors files under ``path``."""
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+def segment_seed(seed: int, sample_id: int, start: int) -> int:
+    """The server seed (31 bits) of the request that samples a response from position ``start``; position 0's is
+    :func:`~trex.trainer.rollout.external.request_seed`."""
+    return int(uniform(seed, sample_id, -1 - start) * 2**31)
+
+
+def segment_request(prompt: Sequence[int], tokens: Sequence[int], params: SamplingParams, seed: int, sample_id: int,
+                    budget: int, segment: int, *, replay: bool = True) -> tuple[int, dict[str, object]]:
+    """The next request of a sample that holds ``tokens`` (sampled or logged) of a ``budget``-token response:
+    (the position it starts at, its body). It samples up to the end of the segment the start lies in (segments of
+    ``segment`` tokens; 0: one), prompt + tokens before the start as the prompt, seeded by the start. At
+    temperature 0, or with ``replay`` off, it starts at the end of ``tokens``; at temperature > 0 at the start of
+    the segment (the server re-draws the tokens after it, for the caller to check against ``tokens``)."""
+    done = len(tokens)
+    if not 0 <= done < budget:
+        raise ValueError(f"sample {sample_id}: {done} tokens held of a {budget}-token budget: nothing to request")
+    if segment < 0:
+        raise ValueError(f"segment must be >= 0 (0 = one segment per response), got {segment}")
+    if params.temperature == 0 or not replay:
+        start = done
+    else:
+        start = done - done % segment if segment else 0
+    end = min(budget, (start // segment + 1) * segment) if segment else budget
+    body: dict[str, object] = {
+        "model": "policy", "prompt": [*prompt, *tokens[:start]], "max_tokens": end - start,
+        "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k if params.top_k > 0 else -1,
+        "seed": segment_seed(seed, sample_id, start), "logprobs": 0, "return_tokens_as_token_ids": True,
+        "stop_token_ids": list(params.stop_tokens), "skip_special_tokens": False,
+        "ignore_eos": not params.stop_tokens, "n": 1, "stream": True}
+    return start, body
+
+
+def stream_completion(url: str, body: dict[str, object],
+                      timeout_s: float) -> Generator[tuple[int, float], None, None]:
+    """(token id, log-prob) of a streamed completion as they arrive; Cut when the answer breaks off, RuntimeError
+    naming the server for a request it refuses (HTTP 4xx)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout_s)
+    except urllib.error.HTTPError as e:
+        if e.code < 500:
+            raise RuntimeError(f"POST {url}: HTTP {e.code}: {e.read()[:500]!r}") from None
+        raise Cut(f"POST {url}: HTTP {e.code}") from None
+    except OSError as e:
+        raise Cut(f"POST {url}: {e}") from None
+    try:
+        with resp:
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise Cut(f"POST {url}: {str(chunk['error'])[:300]}")
+                lp = chunk["choices"][0].get("logprobs") or {}
+                ids = token_ids(lp.get("tokens") or [])
+                if ids is None:
+                    raise RuntimeError(f"{url}: the vLLM server did not return token ids (return_tokens_as_token_ids)")
+                yield from zip(ids, (float(x) for x in lp["token_logprobs"]), strict=True)
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
+        raise Cut(f"POST {url}: {type(e).__name__}: {e}") from None
+    raise Cut(f"POST {url}: the stream ended before [DONE]")
+
+
+def healthy(url: str) -> bool:
+    """Whether the server at ``url`` answers ``/health`` with 200."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return bool(r.status == 200)
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+class VersionGate:
+    """The pause/version protocol between pushes and requests: a request holds the gate shared from before it is
+    sent until its answer ends and reads the version the servers hold; a push holds it exclusively (it waits for the
+    requests in flight, and requests that come after it wait for it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self._waiting = 0
+        self.version: int | None = None
+        """The policy version every server holds (None before the first push)."""
+
+    @contextmanager
+    def reading(self) -> Iterator[int]:
+        """Hold the gate for one request; yields the version its tokens are sampled under (-1 before any push)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing and not self._waiting)
+            self._readers += 1
+            version = -1 if self.version is None else self.version
+        try:
+            yield version
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold the gate for a push (no request in flight meanwhile)."""
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._writing and self._readers == 0)
+            self._waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
 
 class VLLMEngine:
     """The trainer's side of one or more vLLM servers (base URLs, e.g. http://127.0.0.1:8000)."""
 
     def __init__(self, servers: Sequence[str], weights_dir: Path, *, concurrency: int = 64,
-                 timeout_s: float = 600.0, keep: int = 1) -> None:
+                 timeout_s: float = 600.0, keep: int = 1, segment: int = 64, retry_s: float = 600.0) -> None:
         if not servers:
             raise ValueError("rollout.servers: at least one vLLM server URL is needed")
+        if segment < 0:
+            raise ValueError(f"rollout.segmentTokens must be >= 0 (0 = one request per response), got {segment}")
         self.servers = [s.rstrip("/") for s in servers]
         self.weights_dir, self.concurrency, self.timeout_s, self.keep = weights_dir, concurrency, timeout_s, keep
-        self.version: int | None = None
-        """The policy version every server holds (None before the first push)."""
-        self._lock = threading.Lock()
+        self.segment, self.retry_s = segment, retry_s
+        self.gate = VersionGate()
         self.pushes: list[PushStats] = []
+        self.stats = RolloutStats()
+        """The last generate call's requests, cuts and kept tokens."""
+
+    @property
+    def version(self) -> int | None:
+        """The policy version every server holds (None before the first push)."""
+        return self.gate.version
+
+    @version.setter
+    def version(self, value: int | None) -> None:
+        self.gate.version = value
 
     def _all(self, path: str, body: dict[str, object] | None = None) -> None:
         for s in self.servers:
@@ -71,18 +259,19 @@ class VLLMEngine:
 
     def push(self, export: Callable[[Path], Path], version: int) -> PushStats:
         """Write the weights of ``version`` with ``export`` (the trainer's collective Hugging Face export into the
-        given folder) and load them on every server, paused meanwhile; older step folders beyond ``keep`` go."""
+        given folder) and load them on every server, paused and with no request in flight meanwhile; older step
+        folders beyond ``keep`` go."""
         folder = self.weights_dir / f"{STEP_PREFIX}{version:08d}"
         t0 = time.perf_counter()
         export(folder)
         t1 = time.perf_counter()
-        with self._lock:
+        with self.gate.writing():
             self._all("/pause?mode=wait")
             try:
                 self._all("/collective_rpc", {"method": "reload_weights",
                                               "kwargs": {"weights_path": str(folder.resolve())}})
                 self._all("/update_weight_version", {"new_version": str(version)})
-                self.version = version
+                self.gate.version = version
             finally:
                 self._all("/resume")
         t2 = time.perf_counter()
@@ -92,19 +281,6 @@ class VLLMEngine:
         stats = PushStats(version, folder_bytes(folder), t1 - t0, t2 - t1)
         self.pushes.append(stats)
         return stats
-
-    def _request(self, i: int, prompt: list[int], params: SamplingParams, seed: int, sid: int,
-                 max_tokens: int) -> tuple[int, dict[str, object]]:
-        body: dict[str, object] = {
-            "model": "policy", "prompt": prompt, "max_tokens": max_tokens, "temperature": params.temperature,
-            "top_p": params.top_p, "top_k": params.top_k if params.top_k > 0 else -1, "seed": request_seed(seed, sid),
-            "logprobs": 0, "return_tokens_as_token_ids": True, "stop_token_ids": list(params.stop_tokens),
-            "skip_special_tokens": False, "ignore_eos": not params.stop_tokens, "n": 1}
-        with self._lock:  # no request is sent while a push holds the servers
-            version = -1 if self.version is None else self.version
-        answer = post_json(self.servers[i % len(self.servers)] + "/v1/completions", body, self.timeout_s)
-        assert isinstance(answer, dict)
-        return version, answer
 
     def score(self, prompt: Sequence[int], tokens: Sequence[int], server: int = 0) -> list[float]:
         """The server's log-probs of ``tokens`` after ``prompt`` (teacher-forced, temperature 1): what it would have
@@ -116,39 +292,113 @@ class VLLMEngine:
         lps = answer["choices"][0]["logprobs"]["token_logprobs"]
         return [float(x) for x in lps[len(prompt):len(prompt) + len(tokens)]]
 
+    def _server_back(self, first: int, why: str, sample_id: int, held: int, deadline: float) -> int:
+        """The index of a server that answers /health again, trying ``first`` first, by ``deadline`` (retry_s after
+        the sample's first cut without progress); RuntimeError naming the server otherwise."""
+        while True:
+            up = next((i for i in ((first + k) % len(self.servers) for k in range(len(self.servers)))
+                       if healthy(self.servers[i])), None)
+            if time.monotonic() >= deadline:
+                what = "did not come back" if up is None else "kept cutting requests"
+                raise RuntimeError(f"vLLM server {self.servers[first]} {what} within rollout.retrySeconds="
+                                   f"{self.retry_s:g} s after a cut request (sample {sample_id}, {held} tokens "
+                                   f"logged): {why}")
+            if up is not None:
+                return up
+            time.sleep(0.5)
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int, *,
                  sample_ids: Sequence[int] | None = None, max_seq_len: int | None = None,
-                 on_answer: Callable[[int], None] | None = None) -> list[Rollout]:
+                 wal: RolloutLog | None = None, on_answer: Callable[[int], None] | None = None,
+                 on_segment: Callable[[int, int], None] | None = None) -> list[Rollout]:
         """One response per prompt (repeat a prompt for G samples), in order, as the in-process engine returns them:
-        tokens, behaviour log-probs from the server, and per token the policy version it was sampled under.
-        on_answer(k) runs when prompt k's answer arrives (in a worker thread)."""
+        tokens, behaviour log-probs from the server, and per token the policy version it was sampled under. With
+        ``wal`` every token is logged as it arrives and the tokens an earlier run logged are kept (the module's
+        docstring says what is exact). on_segment(k, n) runs after each of prompt k's requests (n tokens held),
+        on_answer(k) when prompt k's response is complete (both in a worker thread, the gate released)."""
         ids = list(range(len(prompts))) if sample_ids is None else list(sample_ids)
         if len(ids) != len(prompts) or len(set(ids)) != len(ids):
             raise ValueError("sample_ids must be distinct, one per prompt")
         budgets = [params.max_new_tokens if max_seq_len is None else min(params.max_new_tokens, max_seq_len - len(p))
                    for p in prompts]
-        def one(k: int) -> tuple[int, dict[str, object]]:
-            answer = self._request(k, list(prompts[k]), params, seed, ids[k], budgets[k])
+        logged: dict[int, LoggedSample] = {}
+        if wal is not None:
+            logged = wal.open(log_header(prompts, ids, params, seed))
+        self.stats = stats = RolloutStats()
+        lock = threading.Lock()
+        rollouts = []
+        for prompt, sid, budget in zip(prompts, ids, budgets, strict=True):
+            prior = logged.get(sid, LoggedSample())
+            if len(prior.tokens) > budget:
+                raise ValueError(f"the log holds {len(prior.tokens)} tokens for sample {sid}, over its {budget}-token "
+                                 "budget")
+            rollouts.append(Rollout(sample_id=sid, prompt=list(prompt), tokens=list(prior.tokens),
+                                    logprobs=list(prior.logprobs), versions=list(prior.versions),
+                                    resumed=len(prior.tokens)))
+            stats.resumed += len(prior.tokens)
+
+        def count(**added: int) -> None:
+            with lock:
+                for k, v in added.items():
+                    setattr(stats, k, getattr(stats, k) + v)
+
+        def one(k: int) -> None:
+            r, budget, server = rollouts[k], budgets[k], k % len(self.servers)
+            continued, replay, since = r.resumed > 0, True, None
+            while finish_reason(r.tokens, budget - len(r.tokens), params) is None:
+                start, body = segment_request(r.prompt, r.tokens, params, seed, r.sample_id, budget, self.segment,
+                                              replay=replay)
+                if continued:
+                    count(prefix_tokens=start, kept=len(r.tokens))
+                    continued = False
+                pos, held, end = start, len(r.tokens), start + cast(int, body["max_tokens"])
+                try:
+                    with self.gate.reading() as version, closing(stream_completion(
+                            self.servers[server] + "/v1/completions", body, self.timeout_s)) as stream:
+                        count(requests=1)
+                        for tok, lp in stream:
+                            if pos < held:  # re-drawn to realign the seed stream: checked, not logged again
+                                if tok != r.tokens[pos]:
+                                    break
+                                count(replayed=1)
+                            else:
+                                r.tokens.append(tok)
+                                r.logprobs.append(lp)
+                                r.versions.append(version)
+                                if wal is not None:
+                                    with lock:
+                                        wal.append([Record(r.sample_id, version, pos, tok, lp)])
+                            pos += 1
+                except Cut as cut:
+                    count(cuts=1)
+                    continued = True
+                    if since is None or len(r.tokens) > held:  # retry_s runs from the last cut that made progress
+                        since = time.monotonic()
+                    server = self._server_back(server, str(cut), r.sample_id, len(r.tokens), since + self.retry_s)
+                    continue
+                since = None
+                ended = held <= pos < end  # the server ended the response early (an end-of-sequence token)
+                if pos < held:  # the replay drew another token (or ended) before the end of the log
+                    count(diverged=1)
+                    replay = False
+                if on_segment is not None:
+                    on_segment(k, len(r.tokens))
+                if ended:
+                    break
             if on_answer is not None:
                 on_answer(k)
-            return answer
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
-            answers = list(pool.map(one, range(len(prompts))))
-        newest = max(v for v, _ in answers)
-        out = []
-        for prompt, sid, budget, (version, answer) in zip(prompts, ids, budgets, answers, strict=True):
-            choice = answer["choices"][0]  # type: ignore[index]
-            lp = choice["logprobs"]
-            tokens = token_ids(lp["tokens"])
-            if tokens is None:
-                raise RuntimeError("the vLLM server did not return token ids (return_tokens_as_token_ids)")
-            r = Rollout(sample_id=sid, prompt=list(prompt), tokens=tokens,
-                        logprobs=[float(x) for x in lp["token_logprobs"]], versions=[version] * len(tokens),
-                        policy_version=newest)
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
+                list(pool.map(one, range(len(prompts))))
+        finally:
+            if wal is not None:
+                wal.close()
+        newest = max((v for r in rollouts for v in r.versions), default=-1 if self.version is None else self.version)
+        for r, budget in zip(rollouts, budgets, strict=True):
+            r.policy_version = newest
             r.finish_reason = finish_reason(r.tokens, budget - len(r.tokens), params)
-            out.append(r)
-        return out
+        return rollouts
 
 
 class VLLMRollouts:
@@ -163,7 +413,8 @@ class VLLMRollouts:
         weights = Path(cfg.weights_dir) if cfg.weights_dir else ckpt_dir / "rollout-weights"
         self.server: VLLMServer | None = None
         self.engine = VLLMEngine(cfg.servers or ["http://127.0.0.1:0"], weights, concurrency=cfg.concurrency,
-                                 timeout_s=cfg.timeout_s, keep=cfg.keep_weights)
+                                 timeout_s=cfg.timeout_s, keep=cfg.keep_weights, segment=cfg.segment_tokens,
+                                 retry_s=cfg.retry_seconds)
         self.start_seconds = 0.0
         self.max_seq_len = cfg.max_model_len
         """Prompt + response tokens the servers take (rollout.maxModelLen)."""
@@ -218,3 +469,9 @@ def push_for_step(engine: VLLMRollouts, ctx: RunContext, step: int) -> dict[str,
         return {}
     return {"rollout_push_bytes": float(st.bytes), "rollout_push_export_seconds": st.export_seconds,
             "rollout_push_reload_seconds": st.reload_seconds, "rollout_policy_version": float(step)}
+
+
+def rollout_metrics(engine: VLLMRollouts) -> dict[str, float]:
+    """The last rollout's cut requests and the tokens its continuations kept from the log, as step metrics."""
+    st = engine.engine.stats
+    return {"rollout_requests_cut": float(st.cuts), "rollout_tokens_kept": float(st.kept)}

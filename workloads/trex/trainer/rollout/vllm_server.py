@@ -19,30 +19,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trex.vllm_cpu import MOE_REPACK, NATIVE_ROPE
+
 DEFAULT_VENV = ".venv-vllm"
-NATIVE_ROPE = json.dumps({"custom_ops": ["-rotary_embedding"]})
-"""``--compilation-config`` that runs RoPE as vLLM's PyTorch code instead of its CPU kernel. vllm-cpu 0.32's
-``_C.rotary_embedding`` takes the head count as ``query.size(-1) / head_size`` and the row stride as
-``query.stride(-2)``, so MLA's 3-D, strided query slice ``q[..., qk_nope_head_dim:]`` ([tokens, heads, rope])
-with more than one head is rotated as ``tokens`` rows of one head at the wrong positions (docs/ARCHITECTURE.md,
-"Rollouts"); the key (one head) is right either way."""
-MOE_REPACK = """\
-from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as m
-setup = m.UnquantizedFusedMoEMethod._setup_kernel
-def _setup_kernel(self, layer, w13, w2):
-    update = self.moe_kernel is not None
-    setup(self, layer, w13, w2)
-    if update:
-        self.moe_kernel.fused_experts.process_weights_after_loading(layer)
-m.UnquantizedFusedMoEMethod._setup_kernel = _setup_kernel
-"""
-"""The server's ``sitecustomize`` (every process of it runs it, the spawned engine core and worker included): the
-CPU MoE experts re-prepacked on a weight update. vllm-cpu 0.32's ``UnquantizedFusedMoEMethod._setup_kernel``
-prepacks the experts (``cpu_prepack_moe_weight``) on the first load only; on a ``reload_weights`` it copies the
-unpacked weights into the prepacked parameters and stops, so every push would serve another policy
-(docs/ARCHITECTURE.md, "Rollouts")."""
-
-
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
