@@ -28,7 +28,7 @@ from trex.prompt_contract import BOS, END, EOS, PAD
 from trex.trainer.config import RolloutConfig, TrainerConfig
 from trex.trainer.export import export_hf, export_trainer
 from trex.trainer.model import build_model
-from trex.trainer.rollout.vllm_engine import VLLMEngine
+from trex.trainer.rollout.vllm_engine import VLLMEngine, VLLMRollouts
 from trex.trainer.rollout.weight_transfer import NcclGroup, TrainerWeights, TransferPush, trainer_weights
 from trex.trainer.rules import job_problems
 
@@ -223,6 +223,36 @@ def test_transfer_sends_the_export_in_buckets_through_the_api(tmp_path: Path, qu
     finally:
         for s in servers:
             s.close()
+
+
+def test_the_vllm_engine_pushes_by_transfer_when_asked(tmp_path: Path) -> None:
+    """rollout.weightPush transfer: the run's engine sends the weights through the API, writes no step folder, and
+    pushes a version once."""
+    cfg = load_section(TrainerConfig, {"model": MOE, "device": "cpu"})
+    model = build_model(cfg.model, device="cpu", dtype=torch.float32, seed=3)
+
+    @contextlib.contextmanager
+    def weights() -> Iterator[TrainerWeights]:
+        state = model.state_dict()
+        yield TrainerWeights(state, model.args, {k: v.dtype for k, v in state.items()})
+
+    def export(_d: Path) -> Path:
+        raise AssertionError("a disk export on a transfer push")
+
+    server = FakeServer(1)
+    try:
+        rollouts = VLLMRollouts(RolloutConfig(engine="vllm", servers=[server.url], weight_push="transfer",
+                                              transfer_bucket_bytes=50_000), tmp_path)
+        assert rollouts.transfer is not None
+        rollouts.transfer.group_factory = RecordingGroup
+        stats = rollouts.ensure(export, 2, weights)
+        assert stats is not None and stats.version == 2 and rollouts.engine.version == 2
+        assert rollouts.ensure(export, 2, weights) is None
+        rollouts.close()
+        _check_sequence(server.calls, [2])
+    finally:
+        server.close()
+    assert not (tmp_path / "rollout-weights").exists()
 
 
 def _cfg(root: Path, layout: dict[str, Any]) -> TrainerConfig:
