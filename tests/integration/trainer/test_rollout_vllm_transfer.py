@@ -3,7 +3,8 @@ engine as it is (init info parsing, update infos, its packed consumer cutting th
 model's load_weights), with only its data plane moved to CPU for this test: the server's ``sitecustomize`` gets
 ``GLOO_DATA_PLANE`` (the worker's communicator a gloo process group over vLLM's TCP rendezvous fields, and the
 CUDA stream and device calls the consumer makes made no-ops), the trainer's group is :class:`GlooGroup`. After a
-transfer push the server's greedy tokens and log-probs equal those after a disk push of the same weights.
+transfer push of a MoE model the server's greedy tokens and log-probs equal those after a disk push of the same
+weights.
 NCCL itself needs GPUs (docs/ARCHITECTURE.md, "Rollouts")."""
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from test_rollout_vllm import _model, _prompts, _push, _tokenizer, _venv
+from test_rollout_vllm import _prompts, _push, _tokenizer, _venv
+from trex.config_base import load_section
+from trex.trainer.config import TrainerConfig
 from trex.trainer.export import export_hf
+from trex.trainer.model import build_model
 from trex.trainer.model.model import DeepSeekModel
 from trex.trainer.rollout import vllm_server
 from trex.trainer.rollout.sampling import SamplingParams
@@ -101,6 +105,17 @@ class GlooGroup:
         self.pg = None
 
 
+def _moe(seed: int) -> DeepSeekModel:
+    """tiny-vllm with both layers MoE (per-expert names on the wire, the CPU experts' prepack after a load) and a
+    sharpened head (greedy paths far from ties)."""
+    cfg = load_section(TrainerConfig, {"model": {"preset": "tiny-vllm", "overrides": {"nDenseLayers": 0}},
+                                       "device": "cpu"})
+    m = build_model(cfg.model, device="cpu", dtype=torch.float32, seed=seed)
+    with torch.no_grad():
+        m.lm_head.weight.mul_(8.0)
+    return m.eval()
+
+
 def _weights(model: DeepSeekModel) -> contextlib.AbstractContextManager[TrainerWeights]:
     @contextlib.contextmanager
     def opened() -> Iterator[TrainerWeights]:
@@ -113,7 +128,7 @@ def _weights(model: DeepSeekModel) -> contextlib.AbstractContextManager[TrainerW
 @pytest.mark.timeout(900)
 def test_transfer_push_serves_what_a_disk_push_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     venv = _venv()
-    a, b = _model(3, head_scale=8.0), _model(4, head_scale=8.0)
+    a, b = _moe(3), _moe(4)
     monkeypatch.setattr(vllm_server, "MOE_REPACK", vllm_server.MOE_REPACK + GLOO_DATA_PLANE)
     server = VLLMServer(export_hf(a, _tokenizer(), tmp_path / "a"), venv=venv, max_model_len=256,
                         log_path=tmp_path / "server.log",

