@@ -597,7 +597,7 @@ class RolloutConfig(TrexModel):
     '{"backend": "nccl"}'; trainer and servers on GPUs; trex.trainer.rollout.weight_transfer)."""
     transfer_bucket_bytes: int = Field(default=1 << 30, gt=0)
     """weightPush transfer: bytes per bucket, one /update_weights request and one packed broadcast each (a larger
-    tensor goes alone). Trainer rank 0 holds one bucket at a time, the servers one receive buffer."""
+    tensor goes alone). Trainer rank 0 holds one bucket at a time, each server worker up to two."""
     keep_weights: int = Field(default=1, ge=1, le=1000)
     """Weight folders kept (the newest)."""
     concurrency: int = Field(default=64, gt=0, le=65_536)
