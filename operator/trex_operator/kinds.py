@@ -59,6 +59,9 @@ from trex_operator.progress import EVAL_RATIO, ratio_progress, stalled, train_pr
 LAUNCHER = ["python", "-m", "trex.runtime.launch", "--"]
 SERVED_MODEL_NAME = "policy"
 """The model name a rollout server serves the policy under (what the trainer's vLLM engine requests)."""
+WEIGHT_TRANSFER_ARGS = ["--weight-transfer-config", '{"backend": "nccl"}']
+"""Servers of a job with trainer.rollout.weightPush transfer take its weights over vLLM's nccl weight-transfer
+engine (trex.trainer.rollout.weight_transfer)."""
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
 """vLLM's --dtype for trainer.model.dtype: the servers compute in the trainer's dtype."""
 CPU_NATIVE_ROPE = ["--compilation-config", NATIVE_ROPE]
@@ -423,7 +426,8 @@ class TrainImpl(_PodKind):
                          # the name the trainer's requests use, and log-probs after temperature (its behaviour
                          # log-probs); args after these override them
                          "--served-model-name", SERVED_MODEL_NAME, "--logprobs-mode", "processed_logprobs",
-                         *(CPU_NATIVE_ROPE if spec.device_type == "cpu" else []), *srv.args],
+                         *(CPU_NATIVE_ROPE if spec.device_type == "cpu" else []),
+                         *(WEIGHT_TRANSFER_ARGS if spec.trainer.rollout.weight_push == "transfer" else []), *srv.args],
                 # the weight-update endpoints (/collective_rpc reload_weights, /pause, /resume) are dev-mode only
                 "env": env,
                 "ports": [{"name": "http", "containerPort": srv.port, "protocol": "TCP"}],

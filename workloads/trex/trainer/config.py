@@ -590,6 +590,14 @@ class RolloutConfig(TrexModel):
     weights_dir: str | None = None
     """Folder of the per-version weight exports, readable by the servers at the same path (unset =
     <checkpoint.dir>/rollout-weights)."""
+    weight_push: Literal["disk", "transfer"] = "disk"
+    """How each step's weights reach the servers. disk: the sharded Hugging Face export into a step folder, reloaded
+    by every server (reload_weights; works everywhere, CPU included). transfer: the same tensors in buckets through
+    vLLM's weight-transfer API over NCCL, nothing on disk (servers started with --weight-transfer-config
+    '{"backend": "nccl"}'; trainer and servers on GPUs; trex.trainer.rollout.weight_transfer)."""
+    transfer_bucket_bytes: int = Field(default=1 << 30, gt=0)
+    """weightPush transfer: bytes per bucket, one /update_weights request and one packed broadcast each (a larger
+    tensor goes alone). Trainer rank 0 holds one bucket at a time, each server worker up to two."""
     keep_weights: int = Field(default=1, ge=1, le=1000)
     """Weight folders kept (the newest)."""
     concurrency: int = Field(default=64, gt=0, le=65_536)
@@ -612,6 +620,9 @@ class RolloutConfig(TrexModel):
     def _check(self) -> RolloutConfig:
         if self.engine == "vllm" and not self.servers and not self.spawn_local:
             raise ValueError("servers: engine vllm needs at least one server URL (or spawnLocal: true)")
+        if self.weight_push == "transfer" and self.spawn_local:
+            raise ValueError("weightPush: 'transfer' sends over NCCL to servers on GPUs; spawnLocal starts a CPU "
+                             "server (no NCCL there): use weightPush: disk")
         for i, url in enumerate(self.servers):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"servers.{i}: {url!r} is not an http(s) URL")

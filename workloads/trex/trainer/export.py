@@ -97,17 +97,22 @@ def export_hf(model: Any, tokenizer: Any, directory: str | os.PathLike[str], qua
 def export_trainer(trainer: Any, directory: str | os.PathLike[str]) -> Path:
     """export_hf of a Trainer's model on every rank (collective): each rank writes from its own shards, in
     the model dtype (fp32 masters cast as a plain model would hold them), quantised as checkpoint.exportQuant."""
+    with trainer.opts.masters_on_device():  # the shards are read (and sent) on the device
+        return export_hf(trainer.model, trainer.tokenizer, directory, quant=trainer.cfg.checkpoint.export_quant,
+                         dtypes=export_dtypes(trainer))
+
+
+def export_dtypes(trainer: Any) -> dict[str, Any] | None:
+    """The stored dtype per state-dict name of a Trainer's export: the model dtype's (fp32 masters cast as a plain
+    model would hold them) when the model is distributed, None (each tensor's own) when it is plain."""
     from trex.runtime.device import torch_dtype
     from trex.trainer.model import build_model
 
+    if trainer.meshes is None:
+        return None
     cfg = trainer.cfg
-    dtypes = None
-    if trainer.meshes is not None:
-        plain = build_model(cfg.model, device="meta", dtype=torch_dtype(cfg.model.dtype), seed=cfg.seed)
-        dtypes = {k: v.dtype for k, v in plain.state_dict().items()}
-    with trainer.opts.masters_on_device():  # the shards are read (and sent) on the device
-        return export_hf(trainer.model, trainer.tokenizer, directory, quant=cfg.checkpoint.export_quant,
-                         dtypes=dtypes)
+    plain = build_model(cfg.model, device="meta", dtype=torch_dtype(cfg.model.dtype), seed=cfg.seed)
+    return {k: v.dtype for k, v in plain.state_dict().items()}
 
 
 def staged_export(trainer: Any, staging: Path) -> Callable[[Path], None]:

@@ -10,6 +10,7 @@ in, never taken from globals.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -197,6 +198,7 @@ class Trainer:
         self.tokenizer = self.objective.tokenizer
         self.model, self.opts = self._fresh()
         self.context.export = self._export_to
+        self.context.weights = self._transfer_weights
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.detector = SpikeDetector(cfg.stability.window, cfg.stability.z_threshold, cfg.stability.warmup_steps,
                                       cfg.stability.cooldown_steps)
@@ -267,6 +269,12 @@ class Trainer:
         from trex.trainer.export import export_trainer
 
         return export_trainer(self, directory)
+
+    def _transfer_weights(self) -> contextlib.AbstractContextManager[Any]:
+        """The model's weights as a weight-transfer push reads them (every rank): rollout.weightPush transfer."""
+        from trex.trainer.rollout.weight_transfer import trainer_weights
+
+        return trainer_weights(self)
 
     # --- state --------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

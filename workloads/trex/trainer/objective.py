@@ -119,6 +119,9 @@ class RunContext:
     export: Callable[[Path], Path] | None = None
     """Write the model's Hugging Face export into a folder (collective; set by the loop once the model exists):
     how an external rollout engine gets the weights."""
+    weights: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    """Open the model's weights as a weight-transfer push reads them (every rank; set by the loop with ``export``):
+    trex.trainer.rollout.weight_transfer.TrainerWeights, for rollout.weightPush transfer."""
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         """Element-wise sum over the data-parallel (and context-parallel) ranks (identity in a single process)."""

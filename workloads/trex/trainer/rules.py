@@ -49,7 +49,7 @@ def job_problems(cfg: TrainerConfig, world_size: int, device: DeviceSku | None =
     folder, default checkpoint.initFromHf is set). Empty means valid."""
     layout = parallelism_problems(cfg, world_size)
     out = (layout + support_problems(cfg) + offload_problems(cfg) + context_problems(cfg)
-           + rl_layout_problems(cfg, world_size))
+           + rl_layout_problems(cfg, world_size) + weight_push_problems(cfg, device))
     if cfg.kernels.registry and Path(cfg.kernels.registry).is_file():  # readable here: it must cover the run
         from trex.trainer.kernels import registry_problem
         out += [p for p in [registry_problem(cfg)] if p is not None]
@@ -180,6 +180,19 @@ def support_problems(cfg: TrainerConfig) -> list[Problem]:
         out.append(("parallelism.pp", f"{cfg.parallelism.pp}: pipeline parallelism is not run by `trex train` yet; "
                     "set 1"))
     return out
+
+
+def weight_push_problems(cfg: TrainerConfig, device: DeviceSku | None = None) -> list[Problem]:
+    """rollout.weightPush transfer sends over NCCL (vLLM's nccl weight-transfer backend): refused where the trainer
+    has no NCCL, a device other than cuda (cfg.device) or a job on other than GPUs (``device``)."""
+    if cfg.rollout.weight_push != "transfer":
+        return []
+    where = cfg.device if cfg.device in ("cpu", "npu") else (
+        device.device_type if device is not None and device.device_type != "gpu" else None)
+    if where is None:
+        return []
+    return [("rollout.weightPush", f"'transfer' sends over NCCL (vLLM's nccl weight-transfer backend), which needs "
+             f"the trainer and the servers on GPUs; this job runs on {where}: use weightPush: disk")]
 
 
 def offload_problems(cfg: TrainerConfig) -> list[Problem]:

@@ -61,6 +61,7 @@ from trex.trainer.rollout.external import token_ids
 from trex.trainer.rollout.sampling import SamplingParams, uniform
 from trex.trainer.rollout.vllm_server import VLLMServer, post_json
 from trex.trainer.rollout.wal import LoggedSample, Record, RolloutLog
+from trex.trainer.rollout.weight_transfer import TransferPush, WeightsSource
 
 if TYPE_CHECKING:
     from trex.trainer.objective import RunContext
@@ -415,14 +416,23 @@ class VLLMRollouts:
         self.engine = VLLMEngine(cfg.servers or ["http://127.0.0.1:0"], weights, concurrency=cfg.concurrency,
                                  timeout_s=cfg.timeout_s, keep=cfg.keep_weights, segment=cfg.segment_tokens,
                                  retry_s=cfg.retry_seconds)
+        self.transfer = None if cfg.weight_push == "disk" else TransferPush(
+            self.engine, cfg.transfer_bucket_bytes, rank, world)
+        """rollout.weightPush transfer: pushes through vLLM's weight-transfer API (trex.trainer.rollout.weight_transfer)."""
         self.start_seconds = 0.0
         self.max_seq_len = cfg.max_model_len
         """Prompt + response tokens the servers take (rollout.maxModelLen)."""
 
-    def ensure(self, export: Callable[[Path], Path], version: int) -> PushStats | None:
-        """Make the servers hold ``version`` (export + reload, or the first server start); None when they do."""
+    def ensure(self, export: Callable[[Path], Path], version: int,
+               weights: WeightsSource | None = None) -> PushStats | None:
+        """Make the servers hold ``version`` (export + reload, a transfer of ``weights`` with rollout.weightPush
+        transfer, or the first server start); None when they do."""
         if self.engine.version == version:
             return None
+        if self.transfer is not None:  # rollout.weightPush: transfer (every rank; spawnLocal is refused with it)
+            if weights is None:
+                raise RuntimeError("rollout.weightPush transfer: the run context has no weights to send")
+            return self.transfer.push(weights, version)
         if self.cfg.spawn_local and self.server is None:
             folder = self.engine.weights_dir / f"{STEP_PREFIX}{version:08d}"
             t0 = time.perf_counter()
@@ -445,7 +455,9 @@ class VLLMRollouts:
         return self.engine.push(export, version)
 
     def close(self) -> None:
-        """Stop the server this run spawned (connected servers stay up)."""
+        """Stop the server this run spawned (connected servers stay up); leave the transfer group."""
+        if self.transfer is not None:
+            self.transfer.close()
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -464,7 +476,7 @@ def push_for_step(engine: VLLMRollouts, ctx: RunContext, step: int) -> dict[str,
     push's size and seconds as step metrics (none when nothing moved)."""
     if ctx.export is None:
         raise RuntimeError("rollout.engine vllm: the run context has no export (the model is not built)")
-    st = engine.ensure(ctx.export, step)
+    st = engine.ensure(ctx.export, step, ctx.weights)
     if st is None:
         return {}
     return {"rollout_push_bytes": float(st.bytes), "rollout_push_export_seconds": st.export_seconds,
