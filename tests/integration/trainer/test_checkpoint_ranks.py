@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.gloo import gloo_rank
 from torch import nn
 
 WORLD = 2
@@ -42,8 +43,7 @@ def _worker(rank: int, out: str, phase: str) -> None:
 
     torch.set_num_threads(1)
     root = Path(out)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{phase}", rank=rank, world_size=WORLD)
-    try:
+    with gloo_rank(rank, WORLD, f"{out}/rendezvous-{phase}"):
         model = Sharded(init_device_mesh("cpu", (WORLD,)))
         mgr = CheckpointManager(root / "ckpt", group=dist.group.WORLD)
         result: dict[str, Any] = {}
@@ -77,9 +77,6 @@ def _worker(rank: int, out: str, phase: str) -> None:
                 result = {"error": str(e)}
             result["hashed"] = mgr.hashed_bytes
         (root / f"{phase}-{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def _spawn(out: Path, phase: str) -> dict[int, dict[str, Any]]:

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.gloo import gloo_rank
 from trex.trainer.model.args import ModelArgs
 
 V4 = dict(attention="csa", vocab_size=64, hidden_size=64, num_heads=2, q_lora_rank=16, qk_nope_head_dim=24,
@@ -112,8 +113,7 @@ def _worker(rank: int, world: int, out: str) -> None:
     from trex.trainer.parallel.mesh import ParallelDims
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{world}", rank=rank, world_size=world)
-    try:
+    with gloo_rank(rank, world, f"{out}/rendezvous-{world}"):
         root = Path(out)
         result: dict[str, Any] = {}
         for name, degrees in LAYOUTS[world].items():
@@ -136,9 +136,6 @@ def _worker(rank: int, world: int, out: str) -> None:
                         bad.append(key)
                 result[f"{name}/{folder}"] = {"bad": bad, "bytes": stats.bytes_read, "tensors": stats.tensors}
         (root / f"result-{world}-{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

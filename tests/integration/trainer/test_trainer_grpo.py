@@ -4,6 +4,7 @@ rollout log), data parallelism at 2 ranks equals one process (float64), and the 
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.gloo import gloo_rank
 from trex.config_base import load_section
 from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
@@ -35,10 +37,13 @@ class HashedReward:
 
 
 def _prompts(root: Path) -> Path:
+    """The prompts file, written whole or not at all (a rank must never read it half-written)."""
     path = root / "prompts.jsonl"
     if not path.exists():
-        path.write_text("".join(json.dumps({"id": f"p{k}", "question": f"Maximize {k} x subject to x <= {k + 1}.",
+        part = root / f"prompts.jsonl.{os.getpid()}"
+        part.write_text("".join(json.dumps({"id": f"p{k}", "question": f"Maximize {k} x subject to x <= {k + 1}.",
                                             "answer": k * (k + 1)}) + "\n" for k in range(6)))
+        part.replace(path)
     return path
 
 
@@ -97,8 +102,7 @@ WORLD4: dict[str, tuple[dict[str, Any], int, int]] = {"dp2-tp2-ep2": ({"tp": 2, 
 
 def _worker(rank: int, world: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{world}", rank=rank, world_size=world)
-    try:
+    with gloo_rank(rank, world, f"{out}/rendezvous-{world}"):
         root = Path(out)
         for name, (layout, micro, group) in (LAYOUTS if world == 2 else WORLD4).items():
             tr = _trainer(_cfg(root, name, layout, micro=micro, group=group), root, dist.group.WORLD)
@@ -108,14 +112,12 @@ def _worker(rank: int, world: int, out: str) -> None:
                 torch.save({"state": state, "rewards": [r.stats.reward_mean for r in res.history],  # type: ignore[union-attr]
                             "replica": tr.objective.replica is not None, "logs": sorted(p.name for p in (root / name).rglob("*.wal"))},
                            root / f"{name}.pt")
-    finally:
-        dist.barrier()  # every rank done with the group before any tears it down
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def parallel_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("grpo-parallel")
+    _prompts(root)  # before the ranks start: they all read it
     mp.spawn(_worker, args=(2, str(root)), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
     mp.spawn(_worker, args=(4, str(root)), nprocs=4, join=True)  # type: ignore[attr-defined,no-untyped-call]
     return root

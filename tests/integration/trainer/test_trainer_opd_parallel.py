@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.gloo import gloo_rank
 from trex.config_base import load_section
 from trex.trainer.config import TrainerConfig
 from trex.trainer.hf import save_hf
@@ -57,8 +58,7 @@ def _summary(tr: Trainer, history: list[Any]) -> dict[str, Any]:
 
 def _worker(rank: int, world: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{world}", rank=rank, world_size=world)
-    try:
+    with gloo_rank(rank, world, f"{out}/rendezvous-{world}"):
         root = Path(out)
         for name, layout in (LAYOUTS if world == 2 else WORLD4).items():
             tr = Trainer(_cfg(root, name, layout), root, group=dist.group.WORLD, measure_peak=False,
@@ -90,9 +90,6 @@ def _worker(rank: int, world: int, out: str) -> None:
             Trainer(cfg, root, group=dist.group.WORLD, measure_peak=False, log=lambda _m: None)
         except ConfigProblem as e:
             (root / f"odd-{rank}.txt").write_text(str(e))
-    finally:
-        dist.barrier()  # every rank done with the group before any tears it down
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

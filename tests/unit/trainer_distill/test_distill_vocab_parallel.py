@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.gloo import gloo_rank
 from trex.trainer.distill.kl import reverse_kl, token_coefficients
 from trex.trainer.distill.opd import VocabParallel, vocab_parallel_kl
 
@@ -39,8 +40,7 @@ def _rows(case: str, rank: int) -> slice:
 
 def _worker(rank: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
-    try:
+    with gloo_rank(rank, 2, f"{out}/rendezvous"):
         d = _data()
         rows = V // 2
         results: dict[str, Any] = {}
@@ -63,9 +63,6 @@ def _worker(rank: int, out: str) -> None:
                     "loss": float((res.kl[own] * coef).sum()), "kl": res.kl[own].clone(),
                     "hs": hs.grad.clone() if hs.grad is not None else torch.zeros_like(hs), "ws": ws.grad.clone()}
         torch.save(results, Path(out, f"{rank}.pt"))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

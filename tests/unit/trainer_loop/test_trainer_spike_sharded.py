@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.gloo import gloo_rank
 from torch import nn
 from trex.trainer.spike import AnticipatoryRouting
 
@@ -24,8 +24,7 @@ def _worker(rank: int, world: int, out: str) -> None:
     from trex.trainer.parallel.mesh import ParallelDims, build_meshes
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
-    try:
+    with gloo_rank(rank, world, f"{out}/rendezvous"):
         cfg = load_section(TrainerConfig, {"model": {"preset": "tiny", "dtype": "fp64"}})
         dims = ParallelDims(world=world, dp_shard=world)
         model, _ = distributed_model(cfg.model.args, dims, build_meshes(dims, "cpu"), torch.float64,
@@ -58,9 +57,6 @@ def _worker(rank: int, world: int, out: str) -> None:
             torch.equal(a[n], b[n]) for a, b in zip(again.snapshots, ar.snapshots, strict=True) for n in a)
         Path(out, f"{rank}.json").write_text(json.dumps({"held": held, "full": full, "checked": checked,
                                                           "kept": kept}))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def test_sharded_snapshots_install_the_whole_old_weights(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.gloo import gloo_rank
 from trex.config_base import load_section
 from trex.trainer.config import TrainerConfig
 from trex.trainer.model import build_model
@@ -82,8 +82,7 @@ def _worker(rank: int, world: int, out: str) -> None:
     from trex.trainer.build import build_layout
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
-    try:
+    with gloo_rank(rank, world, f"{out}/rendezvous"):
         for name, layout in LAYOUTS.items():
             cfg = _cfg(layout, hf=Path(out, "hf") if name.endswith("-hf") else None)
             lay = build_layout(ParallelDims.from_config(cfg, world), world, "cpu")
@@ -103,9 +102,6 @@ def _worker(rank: int, world: int, out: str) -> None:
             assert off is None
             if name == "dp2":
                 torch.save(_student_grads(cfg, lay, rank), Path(out, f"grads-{rank}.pt"))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

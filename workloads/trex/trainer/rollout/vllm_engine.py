@@ -61,22 +61,12 @@ from trex.trainer.rollout.external import token_ids
 from trex.trainer.rollout.sampling import SamplingParams, uniform
 from trex.trainer.rollout.vllm_server import VLLMServer, post_json
 from trex.trainer.rollout.wal import LoggedSample, Record, RolloutLog
-from trex.trainer.rollout.weight_transfer import TransferPush, WeightsSource
+from trex.trainer.rollout.weight_transfer import PushStats, TransferPush, WeightsSource
 
 if TYPE_CHECKING:
     from trex.trainer.objective import RunContext
 
 STEP_PREFIX = "policy-"
-
-
-@dataclass(frozen=True)
-class PushStats:
-    """One weight push: the version, the export's size and where the time went."""
-
-    version: int
-    bytes: int
-    export_seconds: float
-    reload_seconds: float
 
 
 @dataclass

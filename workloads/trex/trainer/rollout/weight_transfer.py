@@ -52,10 +52,20 @@ if TYPE_CHECKING:
 
     from trex.trainer.hf_export import Output
     from trex.trainer.model.args import ModelArgs
-    from trex.trainer.rollout.vllm_engine import PushStats, VLLMEngine
+    from trex.trainer.rollout.vllm_engine import VLLMEngine
 
 PACKED_NUM_BUFFERS = 2
 """The worker's ring of packed receive buffers (vLLM's default; sent at init so both sides agree)."""
+
+
+@dataclass(frozen=True)
+class PushStats:
+    """One weight push: the version, the export's size and where the time went."""
+
+    version: int
+    bytes: int
+    export_seconds: float
+    reload_seconds: float
 
 
 @dataclass(frozen=True)
@@ -325,8 +335,6 @@ class TransferPush:
         stats on rank 0 (bytes on the wire, ``reload_seconds`` from pause to resume; nothing is exported), None
         on the others."""
         import torch.distributed as dist
-
-        from trex.trainer.rollout.vllm_engine import PushStats
 
         distributed = self.world > 1
         with weights() as w:
