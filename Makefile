@@ -59,7 +59,7 @@ $(VLLM_VENV)/.installed: scripts/vllm-venv.sh
 unit: $(STAMP) prometheus bubblewrap $(VLLM_VENV)/.installed
 	OMP_NUM_THREADS=1 TREX_REQUIRE_KERNEL_FS=$(if $(filter 1,$(TREX_ALLOW_NO_BWRAP)),0,1) \
 	  TREX_REQUIRE_VLLM=$(if $(filter 1,$(TREX_ALLOW_NO_VLLM)),0,1) TREX_VLLM_VENV=$(VLLM_VENV) \
-	  $(VENV)/bin/pytest -q -n 2 --timeout 900 $(PYTEST_ARGS)
+	  $(VENV)/bin/pytest -q -n 2 --timeout 900 --durations=15 $(PYTEST_ARGS)
 
 test: lint unit
 

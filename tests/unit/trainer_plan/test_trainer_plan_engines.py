@@ -57,6 +57,18 @@ def test_vllm_engine_plans_no_replica_and_no_kv_cache(mode: str, kl: float) -> N
     assert (vllm.params, vllm.grads, vllm.activations) == (inprocess.params, inprocess.grads, inprocess.activations)
 
 
+def test_transfer_push_plans_one_bucket_and_the_largest_built_tensor_on_rank_zero() -> None:
+    extra = {"mode": "grpo", "parallelism": {"tp": 2}, "data": {"microBatchSize": 2, "seqLen": 64}}
+    rollout = {"engine": "vllm", "servers": ["http://s:8000"], "weightPush": "transfer", "transferBucketBytes": 4096}
+    cfg = _cfg(**extra, rollout=rollout)
+    plan = trainer_plan(cfg, 2, DEVICES["cpu"], capacity=1 << 40)
+    model = build_model(cfg.model)
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    assert plan.rollout == 4096 + largest
+    disk = trainer_plan(_cfg(**extra, rollout={**rollout, "weightPush": "disk"}), 2, DEVICES["cpu"], capacity=1 << 40)
+    assert disk.rollout == 0
+
+
 def test_server_plan_is_weights_over_devices_plus_the_engines_kv_cache() -> None:
     cfg = _cfg(mode="grpo", data={"seqLen": 24}, grpo={"promptsPerStep": 3, "groupSize": 4, "maxNewTokens": 16})
     plan = server_plan(cfg, devices=4, replicas=2, device=DEVICES["h100"], utilization=0.5)

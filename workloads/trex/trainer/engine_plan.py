@@ -13,7 +13,15 @@ from dataclasses import dataclass, replace
 
 from trex.trainer.config import TrainerConfig, resolved_model_values
 from trex.trainer.mfu import DeviceSku
-from trex.trainer.plan import Layout, MemoryPlan, census, kv_cache_bytes, plan_memory, reference_bytes
+from trex.trainer.plan import (
+    Layout,
+    MemoryPlan,
+    ParamInfo,
+    census,
+    kv_cache_bytes,
+    plan_memory,
+    reference_bytes,
+)
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp64": 8}
 VLLM_MEMORY_UTILIZATION = 0.9
@@ -29,13 +37,24 @@ def whole_model_bytes(cfg: TrainerConfig) -> int:
 
 def trainer_plan(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int | None = None) -> MemoryPlan:
     """The trainer's per-device plan (trex.trainer.plan.plan_memory); with ``rollout.engine: vllm`` the sampling
-    modes keep only grpo's sharded reference policy (klCoef > 0) and no rollout transient (no replica, no KV
-    cache)."""
+    modes keep only grpo's sharded reference policy (klCoef > 0) and, as the rollout transient, no replica and no
+    KV cache: only a transfer push's bucket (:func:`transfer_push_bytes`)."""
     plan = plan_memory(cfg, world, device, capacity)
     if cfg.mode not in ("grpo", "opd") or cfg.rollout.engine != "vllm":
         return plan
     lay = Layout.of(cfg, world)
-    return replace(plan, sampling=reference_bytes(cfg, census(resolved_model_values(cfg.model)), lay, world), rollout=0)
+    c = census(resolved_model_values(cfg.model))
+    return replace(plan, sampling=reference_bytes(cfg, c, lay, world), rollout=transfer_push_bytes(cfg, c.params))
+
+
+def transfer_push_bytes(cfg: TrainerConfig, params: tuple[ParamInfo, ...]) -> int:
+    """What trainer rank 0 holds on its device beyond its shards while a ``rollout.weightPush: transfer`` push runs:
+    the bucket being broadcast and the one output tensor being assembled (vLLM's nccl backend has one source, so
+    the bytes meet there: trex.trainer.rollout.weight_transfer.plan_to_rank0); nothing with the disk push."""
+    if cfg.rollout.weight_push != "transfer":
+        return 0
+    largest = max((math.prod(p.shape) for p in params), default=0) * DTYPE_BYTES[cfg.model.dtype]
+    return cfg.rollout.transfer_bucket_bytes + largest
 
 
 def rollout_rows(cfg: TrainerConfig) -> tuple[int, int]:
