@@ -25,7 +25,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -195,16 +195,21 @@ def plan_outputs(shapes: Mapping[str, tuple[int, ...]], held: Mapping[str, list[
                 have[rank] += _numel(part[1]) if part else 0
         o.owner = min(range(world), key=lambda r: (-have[r], load[r], r))
         load[o.owner] += _numel(o.shape) * o.dtype.itemsize
-        for p in o.pieces:
-            boxes: dict[Box, list[int]] = {}
-            for rank, box in held[p.src]:
-                boxes.setdefault(box, []).append(rank)
-            for box, ranks in boxes.items():
-                part = _intersect(p.box, box)
-                if part is not None:
-                    sender = o.owner if o.owner in ranks else ranks[i % len(ranks)]
-                    o.sends.append((sender, p, part))
+        add_sends(o, held, o.owner, i)
     return outputs
+
+
+def add_sends(o: Output, held: Mapping[str, Sequence[tuple[int, Box]]], owner: int, i: int) -> None:
+    """Which rank sends each part of ``o``'s pieces to ``owner``: the owner itself where it holds the part, else one
+    of the part's holders (spread over them by the output's index ``i``)."""
+    for p in o.pieces:
+        boxes: dict[Box, list[int]] = {}
+        for rank, box in held[p.src]:
+            boxes.setdefault(box, []).append(rank)
+        for box, ranks in boxes.items():
+            part = _intersect(p.box, box)
+            if part is not None:
+                o.sends.append((owner if owner in ranks else ranks[i % len(ranks)], p, part))
 
 
 # --- writing -------------------------------------------------------------------------------------------

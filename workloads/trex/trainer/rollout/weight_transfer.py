@@ -169,21 +169,14 @@ def plan_to_rank0(weights: TrainerWeights, distributed: bool) -> list[Output]:
     Why one rank: vLLM's nccl backend has a single source, NCCL rank 0, that broadcasts every packed buffer to all
     the workers, so the bytes meet at trainer rank 0 -- one output tensor and one bucket at a time
     (:class:`TransferPush`), never the model."""
-    from trex.trainer.hf_export import Output, _intersect, gather_holders, output_pieces
+    from trex.trainer.hf_export import Output, add_sends, gather_holders, output_pieces
 
     state = weights.state
     held = gather_holders(state, distributed)
     pieces = output_pieces({k: tuple(v.shape) for k, v in state.items()}, weights.args)
     outputs = [Output(name, shape, weights.dtypes[ps[0].src], ps) for name, (shape, ps) in sorted(pieces.items())]
     for i, o in enumerate(outputs):
-        for p in o.pieces:
-            boxes: dict[Any, list[int]] = {}
-            for rank, box in held[p.src]:
-                boxes.setdefault(box, []).append(rank)
-            for box, ranks in boxes.items():
-                part = _intersect(p.box, box)
-                if part is not None:
-                    o.sends.append((0 if 0 in ranks else ranks[i % len(ranks)], p, part))
+        add_sends(o, held, 0, i)
     return outputs
 
 
