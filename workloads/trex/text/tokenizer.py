@@ -64,8 +64,7 @@ def load_or_train(path: str | None, texts: Iterable[str], vocab_size: int, cache
     spec = f"{corpus_id}:{vocab_size}:{','.join(specials(reasoning))}:{PRETOKENIZER_VERSION}"
     key = hashlib.sha256(spec.encode()).hexdigest()[:16]
     cached = cache_dir / f"tokenizer-{key}.json"
-    if not cached.is_file():
-        run_once(lambda: _train_to(cached, texts, vocab_size, reasoning), cached.is_file, f"the tokenizer {cached}")
+    run_once(lambda: _train_to(cached, texts, vocab_size, reasoning), cached.is_file, f"the tokenizer {cached}")
     return Tokenizer.from_file(str(cached))
 
 
@@ -81,17 +80,21 @@ def _train_to(cached: Path, texts: Iterable[str], vocab_size: int, reasoning: bo
 
 
 def run_once(make: Callable[[], object], done: Callable[[], bool], what: str) -> None:
-    """Run ``make`` on one rank: rank 0 of an initialised torch.distributed job while the others wait at a
-    barrier (then check ``done``), or this process alone. A failure on rank 0 is raised there; a rank that
-    does not see what rank 0 made (its directory is not shared with rank 0) makes its own copy (the writes
-    are atomic and deterministic, so copies agree)."""
+    """Make what ``done`` says is missing, once: on rank 0 of an initialised torch.distributed job while the
+    others wait at a barrier (then check ``done``), or in this process alone. Every rank of a job calls it,
+    whatever it sees on disk: a rank that skipped it because rank 0's file had already appeared would leave
+    rank 0 at the barrier while it went on to the next collective (a hang). A failure on rank 0 is raised
+    there; a rank that does not see what rank 0 made (its directory is not shared with rank 0) makes its own
+    copy (the writes are atomic and deterministic, so copies agree)."""
     dist = sys.modules.get("torch.distributed")  # only a process that already joined a job has it imported
     if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
-        make()
+        if not done():
+            make()
         return
     if dist.get_rank() == 0:
         try:
-            make()
+            if not done():
+                make()
         finally:
             dist.barrier()
         return

@@ -86,9 +86,8 @@ def prepare(cfg: DataConfig, cache_dir: Path, max_vocab: int) -> tuple[Tokenizer
                          f"vocabulary is {max_vocab} (raise model.overrides.vocabSize)")
     key = store_key(corpus_id, tok.to_str(), fmt, cfg.reasoning_mode, cfg.think_max_prompt)
     path = store_path(Path(cfg.store_dir) if cfg.store_dir else cache_dir, key)
-    if not (path / "meta.json").is_file():
-        run_once(lambda: write_store(path, _encoded(cfg, tok, fmt, records()), fmt, tok.get_vocab_size(), key),
-                 lambda: (path / "meta.json").is_file(), f"the token store {path}")
+    run_once(lambda: write_store(path, _encoded(cfg, tok, fmt, records()), fmt, tok.get_vocab_size(), key),
+             lambda: (path / "meta.json").is_file(), f"the token store {path}")
     return tok, TokenStore(path, key), fmt
 
 
