@@ -333,7 +333,8 @@ def _a_killed_server_resumes_from_the_log(server: VLLMServer, root: Path) -> VLL
               f"{st.replayed} re-drawn, {st.requests} requests")
         assert [r.tokens for r in again] == [r.tokens for r in ref]
         assert st.resumed == logged > 0 and st.diverged == 0
-        assert st.prefix_tokens == sum(len(t) - len(t) % seg for t in held.values())
+        # a sample the log already holds whole (it can finish before the kill) is sent nothing
+        assert st.prefix_tokens == sum(len(t) - len(t) % seg for t in held.values() if len(t) < budget)
         assert st.replayed == sum(len(t) % seg for t in held.values()) > 0
         assert st.requests == sum(-(-(budget - len(t) + len(t) % seg) // seg) for t in held.values())
         for r in again:
