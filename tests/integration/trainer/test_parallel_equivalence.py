@@ -77,13 +77,20 @@ def _bytes(cfg: TrainerConfig, tr: Any, world: int) -> dict[str, dict[str, int]]
     return {"measured": {k: measured[k] for k in keys}, "plan": {k: int(getattr(plan, k)) for k in keys}}
 
 
-def _example_cfg(ckpt: Path) -> TrainerConfig:
+def _example(name: str) -> dict[str, Any]:
     import yaml
 
-    doc = yaml.safe_load((Path(__file__).parents[3] / "examples" / "trainjob-v4-flash-cpu.yaml").read_text())
-    trainer = doc["spec"]["trainer"]
+    doc: dict[str, Any] = yaml.safe_load((Path(__file__).parents[3] / "examples" / name).read_text())
+    return doc
+
+
+def _example_cfg(ckpt: Path, name: str = "trainjob-v4-flash-cpu.yaml", one_process: bool = False) -> TrainerConfig:
+    """An example's trainer section for one step (``one_process``: its layout dropped, the same batches)."""
+    trainer = _example(name)["spec"]["trainer"]
     trainer["checkpoint"] = {**trainer["checkpoint"], "dir": str(ckpt), "exportHf": False}
     trainer["maxSteps"] = 1
+    if one_process:
+        trainer["parallelism"] = {}
     return load_section(TrainerConfig, trainer)
 
 
@@ -163,6 +170,11 @@ def _worker(rank: int, world: int, out: str, layouts: dict[str, dict[str, Any]])
             if rank == 0:
                 (root / "example.json").write_text(json.dumps({"losses": losses, "step": tr.step,
                                                                "dims": [tr.dims.edp, tr.dims.ep, tr.dims.etp]}))
+            # The CPU copy of the long-context examples runs theirs (cp4 at micro-batch 1, ep2 x etp2).
+            losses, _, tr = _run(_example_cfg(root / "longctx", LONGCTX_CPU), root, dist.group.WORLD, 1)
+            if rank == 0:
+                (root / "longctx.json").write_text(json.dumps({"losses": losses, "step": tr.step,
+                                                               "dims": [tr.dims.cp, tr.dims.ep, tr.dims.etp]}))
         # Resharding: steps 1-2 at 4 ranks (dp2 x ep2), 3-4 at 2 ranks (ep2), 5-6 in one process (the test).
         until = {4: 2, 2: 4}[world]
         losses, _, _ = _run(_cfg(root / "reshard", {"ep": 2}, RESHARD_STEPS, 2), root, dist.group.WORLD, until)
@@ -237,6 +249,38 @@ def test_cpu_copy_of_the_flagship_runs_its_layout(runs: Path) -> None:
     got = json.loads((runs / "example.json").read_text())
     assert got["step"] == 1 and got["dims"] == [1, 2, 2]
     assert len(got["losses"]) == 1 and 0 < got["losses"][0] < 20
+
+
+LONGCTX_CPU = "trainjob-v4-longctx-cpu.yaml"
+LONGCTX_NPU = ("trainjob-v4-pro-sft-npu.yaml", "trainjob-v4-flash-longctx-npu.yaml")
+
+
+def _layout_kinds(trainer: dict[str, Any]) -> dict[str, Any]:
+    """What makes a long-context layout: which parallel dimensions are split, micro-batch, recompute, swap."""
+    par = trainer["parallelism"]
+    return {"split": sorted(k for k in ("tp", "pp", "cp", "ep", "etp") if par.get(k, 1) > 1),
+            "microBatchSize": trainer["data"]["microBatchSize"], "recompute": trainer["recompute"],
+            "swap": trainer["optimizer"]["swap"]["enabled"]}
+
+
+def test_cpu_copy_of_the_long_context_examples_has_their_layout_kinds() -> None:
+    """examples/trainjob-v4-longctx-cpu.yaml splits what the two 910C long-context examples split (cp, ep, etp;
+    micro-batch 1, full recompute, swap) on a model with all three V4 attention kinds."""
+    cpu = _example(LONGCTX_CPU)["spec"]["trainer"]
+    for name in LONGCTX_NPU:
+        assert _layout_kinds(_example(name)["spec"]["trainer"]) == _layout_kinds(cpu), name
+    over = cpu["model"]["overrides"]
+    assert over["attention"] == "csa" and set(over["layerTypes"]) == {"sliding", "csa", "hca"}
+
+
+@pytest.mark.slow
+def test_cpu_copy_of_the_long_context_examples_runs_their_layout(runs: Path, tmp_path: Path) -> None:
+    """examples/trainjob-v4-longctx-cpu.yaml, which `trex validate` accepts, trains a step at cp4 x ep2 x etp2 with
+    the loss one process computes on the same batch."""
+    got = json.loads((runs / "longctx.json").read_text())
+    assert got["step"] == 1 and got["dims"] == [4, 2, 2]
+    want, _, _ = _run(_example_cfg(tmp_path / "one", LONGCTX_CPU, one_process=True), tmp_path, None, 1)
+    assert got["losses"] == pytest.approx(want, rel=1e-5, abs=0)
 
 
 @pytest.mark.slow
