@@ -21,6 +21,12 @@ RMS-normalised and rotated at its window's first position; it becomes visible on
 the window's last token. Packed documents compress as they would alone (windows restart at each
 document). The indexer is trained (trex's addition, not in the release) by a KL loss from the
 detached main attention over the visible entries to its own distribution, on detached inputs.
+
+The keys come through the model's ``keys`` (trex.trainer.model.context.SequenceKeys): ``extend`` gives the
+layer's tokens with the tokens before them its window and its pooling reach, ``place`` the whole sequences'
+compressed entries in sequence order from the windows formed here. In one process both are the layer's own
+tokens and windows; under context parallelism (trex.trainer.parallel.context) the first is a halo exchange
+and the second shares the entries each rank forms of the windows whose last token it holds.
 """
 
 from __future__ import annotations

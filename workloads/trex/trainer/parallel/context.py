@@ -12,18 +12,26 @@ boundaries. The model knows nothing of this: its attention calls its ``keys`` ob
   the keys' gradients back to the ranks that own them); the mask is causal and per document over the global
   token indices;
 - DeepSeek-V4 (sliding / csa / hca, trex.trainer.model.v4attention): the queries and the indexer's queries stay
-  local; :meth:`GatheredKeys.whole` all-gathers, in one differentiable collective per layer, the per-token
-  entries the keys are made of, and puts them in sequence order: the shared key/value entry (head_dim values,
-  normed and rotated at its position), and on a compressed layer the compressor's key and gate features (hca:
-  head_dim each; csa: 2 x head_dim each, the overlapping windows' two halves) and on csa the indexer's (2 x
-  csa_indexer_dim each): per token 1, 3 or 5 head_dim + 4 csa_indexer_dim values (V4-Flash in bf16: 1, 3 and
-  6 KiB), plus the positions and document ids once per forward (16 bytes). Every rank then pools the compressed
-  entries of the whole sequences exactly as one process does (windows cut by a chunk boundary and the
-  overlapping CSA windows included), the sliding window and the entries' visibility follow each local query's
-  global index, position and document, and the indexer's top-k runs over every visible entry of the sequence.
-  The indexer loss averages over the whole sequences' query rows (their count summed over cp), so the ranks'
-  losses sum to one process's. The gathered entries at full sequence are a per-layer transient (kept for the
-  backward without recompute; trex.trainer.plan.v4_context_bytes counts them);
+  local and nothing per token of the whole sequences travels. :meth:`GatheredKeys.extend` is a halo exchange (one
+  differentiable all-to-all per layer, its backward returning the gradients to the owners): each of a rank's
+  chunks receives the tokens before it that it needs and another rank holds: the csa_window - 1 tokens of the
+  sliding window (the shared key/value entry, head_dim values), and on a compressed layer the pooling's reach
+  (csa: 2 csa_compress_every - 1, the overlapping windows; hca: hca_compress_every - 1) of the compressor's key
+  and gate features (csa 4, hca 2 head_dim) and csa's indexer features (4 csa_indexer_dim); a halo longer than a
+  chunk comes from several chunks back. The window mask is [t, t + halo] over global indices and documents.
+  Each rank pools the complete windows whose last token it holds (a window cut by a chunk boundary, and the
+  previous window a csa entry also pools, lie within the reach; a document's trailing partial window is never
+  visible to a query and is dropped), then :class:`SharedEntries` sends every rank's entries (the compressor's
+  head_dim and the indexer's csa_indexer_dim values) to every other rank in one differentiable uneven
+  all-to-all and puts them in sequence order (the indexer's tie rule and top-k depend on it), rows padded with
+  invisible entries; their places (row, last token, start position, document) travel once per forward and
+  window size. Per layer a rank receives about B x (2 halo x its width + T / every x entry width) values instead
+  of B x T (cp-1)/cp x (1, 3 or 5 head_dim + 4 csa_indexer_dim) (trex.trainer.plan.v4_exchange_bytes). The
+  indexer's top-k runs over every visible entry of the sequence; its loss averages over the whole sequences'
+  query rows (their count summed over cp), so the ranks' losses sum to one process's. What a layer keeps of
+  this (halo, whole sequences' entries, masks over them) is trex.trainer.plan.v4_context_bytes. Positions are
+  assumed to count up by one within a document (trex.trainer.model.layers.positions_from_docs), so a window's
+  tokens are consecutive;
 - MTP: a module's input is the token some places later in the whole sequence, which may lie in another
   rank's chunk: :meth:`GatheredKeys.shift` all-gathers the token ids (the objective makes the MTP targets on
   the whole sequences before the split, trex.trainer.data.objective);
