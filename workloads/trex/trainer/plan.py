@@ -208,7 +208,8 @@ class MemoryPlan:
     """Transient: FSDP-gathered blocks in model.dtype (two with prefetch; every block with
     reshardAfterForward false) plus the root."""
     comm_buffers: int
-    """Transient: MoE all-to-all dispatch + combine (x etp for ETP) and one block's fp32 gradient reduce-scatter."""
+    """Transient: MoE all-to-all dispatch + combine (x etp for ETP), one block's fp32 gradient reduce-scatter, and
+    under cp a DeepSeek-V4 layer's halo and compressed entries (send + receive, v4_exchange_bytes)."""
     optimizer_transient: int
     """Transient in the optimizer step: Muon updates, Newton-Schulz workspace, distributed-Muon gathers."""
     swap: bool
@@ -404,7 +405,7 @@ def v4_exchange_bytes(v: Mapping[str, Any], seq: int, cp: int, act: int, rank: i
             every = args.csa_compress_every if kind == "csa" else args.hca_compress_every
             width = {"csa": 4 * hd + 4 * args.csa_indexer_dim, "hca": 2 * hd}[kind]
             entry = hd + (args.csa_indexer_dim if kind == "csa" else 0)
-            others = sum(1 for g in range(every - 1, seq, every) if g // size not in chunks)
+            others = seq // every - sum((k + 1) * size // every - k * size // every for k in chunks)
             total += halo_tokens(seq, cp, (2 if kind == "csa" else 1) * every - 1, rank) * width + others * entry
         out.append(total * act)
     return out
@@ -477,6 +478,8 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         comm += 2 * (tokens // lay.tp) * int(values["experts_per_token"]) * int(values["hidden_size"]) * act * lay.etp
     if sharded:
         comm += max((n for u, n in units.items() if u != "root"), default=0) * 4
+    if cfg.parallelism.cp > 1 and values["attention"] == "csa":  # a V4 layer's halo and entries: send + receive
+        comm += 2 * cfg.data.micro_batch_size * max(v4_exchange_bytes(values, seq, cfg.parallelism.cp, act))
 
     opt = muon * store + 3 * _largest_bucket(c.params, lay) * 4  # Nesterov updates + Newton-Schulz workspace
     if sharded:

@@ -123,7 +123,9 @@ def halo(seq: int, cp: int, rank: int, reach: int) -> Halo:
 
 class SharedEntries(EntrySet):
     """The compressed entries of the whole sequences on a cp rank: each rank forms the entries of the windows
-    whose last token it holds, and every rank gets every entry in sequence order (rows padded to the longest)."""
+    whose last token it holds, and every rank gets every entry in sequence order (rows padded to the longest).
+    Every rank holds them all because a query may see any earlier complete window of its document (the indexer
+    chooses among all of them): T / every entries per sequence, not T per-token values."""
 
     def __init__(self, keys: GatheredKeys, owned: torch.Tensor, last: torch.Tensor, start: torch.Tensor,
                  doc: torch.Tensor) -> None:
