@@ -6,7 +6,8 @@ features) and the compressed entries of the complete windows whose last token an
 counted by wrapping the rank's differentiable exchange and compared, call by call, with a count made here from
 the global token indices; on one-document rows also with trex.trainer.plan.v4_exchange_bytes. The tiny model's
 window (16) reaches past a chunk at cp2 x 36 tokens (chunks of 9) and three chunks back at cp4 x 40 (chunks of
-5); both equal one process to 1e-12 (outputs, indexer loss, every gradient).
+5); both equal one process to 1e-12 (outputs, indexer loss, every gradient). The trainer at cp2 x tp2 (heads split
+over tp, entries and halos over cp) equals one process to 1e-10 over 3 steps.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_context_parallel_v4 import _forward, _model
+from test_context_parallel_v4 import STEPS, _cfg, _corpus, _forward, _model, _run
 
 LAYOUTS = {2: 36, 4: 40}  # cp: sequence length
 
@@ -37,6 +38,19 @@ def _batch(seq: int) -> dict[str, torch.Tensor]:
 
 def _probe(seq: int) -> torch.Tensor:
     return torch.randn(2, seq, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+
+
+def _trainer_worker(rank: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-tp", rank=rank, world_size=4)
+    try:
+        root = Path(out)
+        losses, state = _run(_cfg(root / "cp2xtp2", {"cp": 2, "tp": 2}, root / "corpus.jsonl"), root,
+                             dist.group.WORLD)
+        if rank == 0:
+            torch.save((losses, state), root / "cp2xtp2.pt")
+    finally:
+        dist.destroy_process_group()
 
 
 def _worker(rank: int, cp: int, out: str) -> None:
@@ -135,8 +149,6 @@ def test_v4_layers_exchange_the_halo_and_the_entries_only(cp: int, runs: Path) -
 
 
 def _cfg_model() -> Any:
-    from test_context_parallel_v4 import _cfg
-
     return _cfg(Path("unused"), {}, None).model
 
 
@@ -155,3 +167,20 @@ def test_v4_halo_past_a_chunk_matches_one_process(cp: int, runs: Path) -> None:
         assert sorted(got["grads"]) == sorted(want)
         for name, g in want.items():
             assert float((got["grads"][name] - g).abs().max()) < 1e-12, name
+
+
+@pytest.mark.slow
+def test_v4_cp2_x_tp2_trainer_matches_one_process(tmp_path: Path) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _corpus(tmp_path / "corpus.jsonl")
+    mp.spawn(_trainer_worker, args=(str(tmp_path),), nprocs=4, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    losses, state = torch.load(tmp_path / "cp2xtp2.pt")
+    torch.set_num_threads(1)
+    (tmp_path / "one").mkdir()
+    ref_losses, ref_state = _run(_cfg(tmp_path / "one" / "ckpt", {}, tmp_path / "corpus.jsonl"), tmp_path / "one",
+                                 None)
+    assert len(losses) == STEPS
+    assert losses == pytest.approx(ref_losses, abs=1e-10, rel=0)
+    assert sorted(state) == sorted(ref_state)
+    for key, want in ref_state.items():
+        assert float((state[key].double() - want.double()).abs().max()) < 1e-10, key

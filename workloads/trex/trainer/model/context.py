@@ -116,7 +116,8 @@ class AttnContext:
     cache: AttentionCache | None = None
     """Decoding only: the KV cache every attention layer delegates to (None: a plain full forward)."""
     keys: SequenceKeys = field(default_factory=SequenceKeys)
-    """The model's SequenceKeys (V4 attention reads the whole sequences' per-token entries through it)."""
+    """The model's SequenceKeys (V4 attention reads its window's halo and the whole sequences' compressed entries
+    through it)."""
     memo: dict[tuple[object, ...], object] = field(default_factory=dict)
     """Per-forward results the layers share (extended tokens per reach, compressed-entry layouts per window)."""
 
