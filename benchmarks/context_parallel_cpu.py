@@ -1,15 +1,21 @@
-"""Context parallelism on CPU (gloo): per-rank saved activations against the memory plan, key-gather traffic
-against the analytical volume, and forward + backward time, at cp 1, 2 and 4, for an MLA and a DeepSeek-V4 model.
+"""Context parallelism on CPU (gloo): per-rank saved activations against the memory plan, key traffic against the
+analytical volume, and forward + backward time, at cp 1, 2 and 4, for an MLA and a DeepSeek-V4 model.
 
 For each model and cp (spawned ranks, OMP_NUM_THREADS=1) every rank runs one forward + loss + backward of its
 chunks of the same micro-batch (packed documents) with the cp rank's key gathering installed, and prints:
 - the largest per-rank bytes of the distinct storages autograd saves (parameters excluded) and
   trex.trainer.plan.context_activation_bytes for the same shape (goal: plan / measured within 0.75-1.33, as the
   single-process estimate is held to);
-- bytes each rank receives from the key all-gathers in the forward / the analytical volume
-  B x T (cp-1)/cp x element size x the per-token values of every layer: MLA kv_lora_rank + rope; V4 head_dim
-  (sliding), 3 head_dim (hca), 5 head_dim + 4 csa_indexer_dim (csa) (goal: 1.00; the backward reduce-scatter
-  sends the same volume back);
+- bytes each rank receives from the key exchanges in the forward / the analytical volume (goal: 1.00 on every
+  rank; the backward sends the same volume back). MLA all-gathers B x T (cp-1)/cp x element size x
+  (kv_lora_rank + rope) per layer. A V4 layer receives its halo (the tokens within csa_window - 1 before a held
+  token that the rank does not hold, head_dim each; on compressed layers also those within the pooling's reach,
+  2 csa_compress_every - 1 or hca_compress_every - 1, with the compressor's and indexer's features: csa 4 head_dim
+  + 4 csa_indexer_dim, hca 2 head_dim) and the compressed entries of the complete windows (a token at position
+  every - 1 modulo every ends one) whose last token another rank holds (csa head_dim + csa_indexer_dim, hca
+  head_dim). "before MiB" is what the V4 layers received when they all-gathered every per-token value
+  (B x T (cp-1)/cp x head_dim, 3 head_dim or 5 head_dim + 4 csa_indexer_dim), "exchanged MiB" what they receive
+  now (the largest rank);
 - median forward + backward seconds (2 cores: cp 4 oversubscribes them, so read it as a report).
 
     python benchmarks/context_parallel_cpu.py [--model mla|v4|both] [--seq 1024] [--batch 2] [--repeat 3]
@@ -49,21 +55,54 @@ def _cfg(seq: int, model: str = "mla") -> Any:
 
 
 def analytical_gather(values: dict[str, Any], batch: int, seq: int, cp: int, elem: int) -> int:
-    """Bytes one rank receives from the forward's key all-gathers (per-token key values of the other chunks)."""
+    """Bytes one MLA rank receives from the forward's key all-gathers (per-token key values of the other chunks)."""
     from trex.trainer.model_args import ModelArgs
 
     args = ModelArgs.from_values(values)
-    if args.attention == "mla":
-        per_token = args.num_layers * (args.kv_lora_rank + args.qk_rope_head_dim)
-    else:
-        width = {"sliding": args.head_dim, "hca": 3 * args.head_dim,
-                 "csa": 5 * args.head_dim + 4 * args.csa_indexer_dim}
-        per_token = sum(width[args.layer_kind(i)] for i in range(args.num_layers + args.mtp_depth))
+    return batch * seq * (cp - 1) // cp * args.num_layers * (args.kv_lora_rank + args.qk_rope_head_dim) * elem
+
+
+def v4_gathered_before(values: dict[str, Any], batch: int, seq: int, cp: int, elem: int) -> int:
+    """Bytes a V4 rank received when every layer all-gathered every per-token value of the whole sequences."""
+    from trex.trainer.model_args import ModelArgs
+
+    args = ModelArgs.from_values(values)
+    width = {"sliding": args.head_dim, "hca": 3 * args.head_dim, "csa": 5 * args.head_dim + 4 * args.csa_indexer_dim}
+    per_token = sum(width[args.layer_kind(i)] for i in range(args.num_layers + args.mtp_depth))
     return batch * seq * (cp - 1) // cp * per_token * elem
+
+
+def v4_analytical(values: dict[str, Any], pos: torch.Tensor, cp: int, rank: int, elem: int) -> int:
+    """Bytes V4 cp rank ``rank`` receives in the forward for rows at positions pos [B, T]: each layer's halo and
+    the entries of the complete windows it does not hold the last token of."""
+    from trex.trainer.model_args import ModelArgs
+
+    args = ModelArgs.from_values(values)
+    rows, seq = pos.shape
+    size = seq // (2 * cp)
+    held = {g for k in (rank, 2 * cp - 1 - rank) for g in range(k * size, (k + 1) * size)}
+
+    def halo(reach: int) -> int:
+        return len({j for i in held for j in range(max(0, i - reach), i)} - held)
+
+    hd, idx_dim = args.head_dim, args.csa_indexer_dim
+    total = 0
+    for layer in range(args.num_layers + args.mtp_depth):
+        kind = args.layer_kind(layer)
+        total += rows * halo(args.csa_window - 1) * hd
+        if kind != "sliding":
+            every = args.csa_compress_every if kind == "csa" else args.hca_compress_every
+            reach = 2 * every - 1 if kind == "csa" else every - 1
+            total += rows * halo(reach) * (4 * hd + 4 * idx_dim if kind == "csa" else 2 * hd)
+            others = torch.tensor([g not in held for g in range(seq)])
+            ends = int(((pos % every == every - 1) & others).sum())
+            total += ends * (hd + (idx_dim if kind == "csa" else 0))
+    return total * elem
 
 
 def _measure(cp: int, rank: int, seq: int, batch: int, repeat: int, kind: str) -> dict[str, Any]:
     """Saved bytes, gathered bytes and step seconds of this rank's chunks."""
+    from trex.trainer.config import resolved_model_values
     from trex.trainer.model import build_model, compute_loss
     from trex.trainer.model.layers import positions_from_docs
     from trex.trainer.parallel.context import GatheredKeys, install, split_batch
@@ -81,13 +120,19 @@ def _measure(cp: int, rank: int, seq: int, batch: int, repeat: int, kind: str) -
             gathered[0] += (out.numel() - t.numel()) * t.element_size()
             return out
 
+        def exchanged(flat: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+            gathered[0] += sum(out_splits) * flat.element_size()
+            return exchange(flat, out_splits, in_splits)
+
+        exchange = keys.exchange
         keys.gather = counted
-        keys.all_gather = counted  # type: ignore[method-assign]  # V4's gathers go through it
+        keys.exchange = exchanged  # type: ignore[method-assign]  # V4's halos and entries go through it
         install(model, group, cp, rank)
         model.keys = keys  # the counting gather
     ids = torch.randint(0, int(cfg.model.args.vocab_size), (batch, seq), generator=torch.Generator().manual_seed(0))
     docs = (torch.arange(seq) // DOC).expand(batch, seq)
     b = {"ids": ids, "docs": docs, "pos": positions_from_docs(docs)}
+    whole_pos = b["pos"]
     if cp > 1:
         b = split_batch(b, cp, rank)
     mask = torch.ones_like(b["ids"], dtype=torch.bool)
@@ -111,7 +156,10 @@ def _measure(cp: int, rank: int, seq: int, batch: int, repeat: int, kind: str) -
         out = model(b["ids"], b["pos"], b["docs"], logits=False)
         compute_loss(out, b["ids"], mask, cfg.routing, 0)[0].backward()
         times.append(time.perf_counter() - t0)
-    return {"saved": saved, "gathered": forward_gathered, "seconds": statistics.median(times)}
+    analytical = (v4_analytical(resolved_model_values(cfg.model), whole_pos, cp, rank, 4) if kind == "v4"
+                  else analytical_gather(resolved_model_values(cfg.model), batch, seq, cp, 4))
+    return {"saved": saved, "gathered": forward_gathered, "analytical": analytical,
+            "seconds": statistics.median(times)}
 
 
 def _worker(rank: int, cp: int, out: str, seq: int, batch: int, repeat: int, kind: str) -> None:
@@ -138,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from trex.trainer.plan import Layout, context_activation_bytes
 
     print(f"tiny models, {a.batch} x {a.seq} tokens, documents of {DOC}, fp32")
-    print("model cp  saved/rank MiB  plan MiB  plan/saved  gathered/analytical  fwd+bwd s")
+    print("model cp  saved/rank MiB  plan MiB  plan/saved  gathered/analytical  before MiB  exchanged MiB  fwd+bwd s")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("mla", "v4") if a.model == "both" else (a.model,):
             values = resolved_model_values(_cfg(a.seq, kind).model)
@@ -151,12 +199,13 @@ def main(argv: list[str] | None = None) -> int:
                 saved = max(r["saved"] for r in rows)
                 plan = context_activation_bytes(values, Layout(1, 1, 1, 1, 1, 1), a.batch, a.seq, 4,
                                                 attention_probs=True, cp=cp)
-                analytical = analytical_gather(values, a.batch, a.seq, cp, 4)
-                ratio = (f"{max(r['gathered'] for r in rows) / analytical:.2f}" if analytical
-                         else "-")
+                ratios = sorted({f"{r['gathered'] / r['analytical']:.2f}" for r in rows if r["analytical"]})
+                ratio = "/".join(ratios) or "-"
+                before = v4_gathered_before(values, a.batch, a.seq, cp, 4) if kind == "v4" else 0
+                moved = max(r["gathered"] for r in rows)
                 secs = max(r["seconds"] for r in rows)
                 print(f"{kind:<5} {cp:<3} {saved / 2**20:>14.1f}  {plan / 2**20:>8.1f}  {plan / saved:>10.2f}  "
-                      f"{ratio:>19}  {secs:>9.3f}")
+                      f"{ratio:>19}  {before / 2**20:>10.2f}  {moved / 2**20:>13.3f}  {secs:>9.3f}")
     return 0
 
 

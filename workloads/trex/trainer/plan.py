@@ -208,7 +208,8 @@ class MemoryPlan:
     """Transient: FSDP-gathered blocks in model.dtype (two with prefetch; every block with
     reshardAfterForward false) plus the root."""
     comm_buffers: int
-    """Transient: MoE all-to-all dispatch + combine (x etp for ETP) and one block's fp32 gradient reduce-scatter."""
+    """Transient: MoE all-to-all dispatch + combine (x etp for ETP), one block's fp32 gradient reduce-scatter, and
+    under cp a DeepSeek-V4 layer's halo and compressed entries (send + receive, v4_exchange_bytes)."""
     optimizer_transient: int
     """Transient in the optimizer step: Muon updates, Newton-Schulz workspace, distributed-Muon gathers."""
     swap: bool
@@ -369,31 +370,78 @@ def context_activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int
     return base + layers * micro_batch * (keys + scores)
 
 
+def halo_tokens(seq: int, cp: int, reach: int, rank: int | None = None) -> int:
+    """The tokens cp rank ``rank`` receives in a halo exchange of ``reach`` (trex.trainer.parallel.context.halo):
+    the ``reach`` tokens before each of its two chunks that it does not hold itself (None: the most of any rank)."""
+    size = seq // (2 * cp)
+
+    def count(r: int) -> int:
+        chunks = (r, 2 * cp - 1 - r)
+        return len({g for k in chunks for g in range(max(0, k * size - reach), k * size) if g // size not in chunks})
+
+    return max(count(r) for r in range(cp)) if rank is None else count(rank)
+
+
+def v4_exchange_bytes(v: Mapping[str, Any], seq: int, cp: int, act: int, rank: int | None = None) -> list[int]:
+    """Per DeepSeek-V4 attention layer (trunk, then MTP blocks), the bytes cp rank ``rank`` (None: the most of any
+    rank) receives for one sequence of ``seq`` tokens, one document, in the forward (the backward returns as many):
+    the halo of the shared key/value entries (head_dim per token, csa_window - 1 tokens before each chunk), the
+    halo of the compressor's and the indexer's per-token features (hca: 2 head_dim, hca_compress_every - 1 tokens;
+    csa: 4 head_dim + 4 csa_indexer_dim, 2 csa_compress_every - 1 tokens: the overlapping windows) and the other
+    ranks' compressed entries (head_dim, csa + csa_indexer_dim), one per complete window (whose last position is
+    every - 1 modulo every: seq / every of them in one document). Under cp the exchange replaces the all-gather of
+    every per-token value: (cp - 1) / cp seq x (1, 3 or 5 head_dim + 4 csa_indexer_dim)."""
+    if rank is None:
+        per_rank = [v4_exchange_bytes(v, seq, cp, act, r) for r in range(cp)]
+        return [max(layer) for layer in zip(*per_rank, strict=True)]
+    args = ModelArgs.from_values(dict(v))
+    hd, size = args.head_dim, seq // (2 * cp)
+    chunks = (rank, 2 * cp - 1 - rank)
+    out = []
+    for layer in range(args.num_layers + args.mtp_depth):
+        kind = args.layer_kind(layer)
+        total = halo_tokens(seq, cp, args.csa_window - 1, rank) * hd
+        if kind != "sliding":
+            every = args.csa_compress_every if kind == "csa" else args.hca_compress_every
+            width = {"csa": 4 * hd + 4 * args.csa_indexer_dim, "hca": 2 * hd}[kind]
+            entry = hd + (args.csa_indexer_dim if kind == "csa" else 0)
+            others = seq // every - sum((k + 1) * size // every - k * size // every for k in chunks)
+            total += halo_tokens(seq, cp, (2 if kind == "csa" else 1) * every - 1, rank) * width + others * entry
+        out.append(total * act)
+    return out
+
+
 def v4_context_bytes(v: Mapping[str, Any], lay: Layout, local: int, others: int, act: int,
                      attention_probs: bool) -> list[int]:
     """Per DeepSeek-V4 attention layer (trunk, then MTP blocks), the bytes one sequence's ``local`` tokens on a cp
-    rank save beyond one process's ``local`` tokens for the ``others`` tokens of the other ranks' chunks: their
-    gathered per-token entries (the shared key/value head_dim values; hca: the compressor's key and gate features,
-    head_dim each; csa: 2 x head_dim each, and the indexer's, 2 x csa_indexer_dim each), the pooling's copies of
-    their key features (3; csa 4: its overlapping windows copy them), their compressed entries (normed and rotated),
-    the mask of the local queries over them (the window mask spans the whole sequence) and on CPUs their
-    probabilities (sink attention saves three copies, measured: two with the sink column, one without), and the indexer's scores
-    over their compressed entries."""
+    rank save beyond one process's ``local`` tokens (trex.trainer.parallel.context): the halo tokens before each
+    of its chunks (:func:`halo_tokens`): the shared key/value entries of csa_window - 1 of them, and of the
+    pooling's reach the compressor's (hca 2 x head_dim, csa 4 x head_dim) and the indexer's (4 x csa_indexer_dim)
+    features with the pooling's copies of them; the compressed entries of the other ranks' windows (the whole
+    sequences' seq / every, normed and rotated); the masks of the local queries over the halo and those entries,
+    and on CPUs their probabilities (sink attention saves three copies, measured: two with the sink column, one
+    without), and the indexer's scores over the entries."""
     args = ModelArgs.from_values(dict(v))
     hd, h = args.head_dim, args.num_heads // lay.tp
+    seq = local + others
+    cp = seq // local
+    window = halo_tokens(seq, cp, args.csa_window - 1)
     out = []
     for layer in range(args.num_layers + args.mtp_depth):
         kind = args.layer_kind(layer)
         every = {"csa": args.csa_compress_every, "hca": args.hca_compress_every}.get(kind, 0)
         entries = others // every if every else 0
+        reach = (2 if kind == "csa" else 1) * every - 1
+        halo = halo_tokens(seq, cp, reach) if every else 0
         feature = {"csa": 2 * 2 * hd, "hca": 2 * hd}.get(kind, 0)  # key + gate features per token
         indexer = 2 * 2 * args.csa_indexer_dim if kind == "csa" else 0
         copies = 4 if kind == "csa" else 3  # csa's overlapping windows also copy the key features
-        per_token = (hd + feature + indexer + copies * (feature + indexer) // 2) * act + 2 * 8  # + position, doc
-        scores = local * (others + entries) * (1 + (3 * h * act if attention_probs else 0))
+        tokens = window * (hd * act + 2 * 8) + halo * ((feature + indexer + copies * (feature + indexer) // 2) * act
+                                                       + 2 * 8)  # + position, document
+        scores = local * (window + entries) * (1 + (3 * h * act if attention_probs else 0))
         if kind == "csa":
             scores += local * entries * (args.csa_indexer_heads * act + 2 * 4 + 1)
-        out.append(others * per_token + entries * 4 * hd * act + scores)
+        out.append(tokens + entries * 4 * hd * act + scores)
     return out
 
 
@@ -430,6 +478,8 @@ def plan_memory(cfg: TrainerConfig, world: int, device: DeviceSku, capacity: int
         comm += 2 * (tokens // lay.tp) * int(values["experts_per_token"]) * int(values["hidden_size"]) * act * lay.etp
     if sharded:
         comm += max((n for u, n in units.items() if u != "root"), default=0) * 4
+    if cfg.parallelism.cp > 1 and values["attention"] == "csa":  # a V4 layer's halo and entries: send + receive
+        comm += 2 * cfg.data.micro_batch_size * max(v4_exchange_bytes(values, seq, cfg.parallelism.cp, act))
 
     opt = muon * store + 3 * _largest_bucket(c.params, lay) * 4  # Nesterov updates + Newton-Schulz workspace
     if sharded:

@@ -32,6 +32,25 @@ class AttentionCache(Protocol):
         ...
 
 
+class EntrySet:
+    """The compressed entries [B, S] the queries of a layer choose from, in sequence order (the indexer's tie rule
+    and top-k depend on it): each one's window start position and document (-1: padding, never visible)."""
+
+    def __init__(self, start: torch.Tensor, doc: torch.Tensor) -> None:
+        self.start = start
+        self.doc = doc
+
+    def share(self, entries: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Entries [B, n, C] of the windows SequenceKeys.place was given -> [B, S, C] of these entries: here the
+        same."""
+        return entries
+
+    def visible(self, position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int) -> torch.Tensor:
+        """[B, t, S]: entry s visible to query t (same document, query at or past the window's last position)."""
+        same = self.doc[:, None, :] == doc_ids[:, :, None]
+        return same & (position_ids[:, :, None] >= self.start[:, None, :] + every - 1)
+
+
 class SequenceKeys:
     """Which keys an attention layer's queries see: the layer's own tokens (one process, every layout without
     context parallelism). trex.trainer.parallel.context replaces it on the model to gather the keys of the
@@ -51,10 +70,25 @@ class SequenceKeys:
         out[:, : ids.shape[1] - s] = ids[:, s:]
         return out
 
-    def whole(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Per-token tensors [B, t, ...] of the layer's tokens -> [B, T, ...] of the whole sequences, in sequence
-        order (gradients flow back to the tokens' owners): here the layer's tokens are the whole sequences."""
+    def extend(self, tensors: list[torch.Tensor], reaches: list[int]) -> list[torch.Tensor]:
+        """Per-token tensors [B, t, ...] of the layer's tokens -> [B, u, ...] each: the layer's tokens and, before
+        each run of them, the ``reach`` tokens (its entry of ``reaches``) of the sequence that other parts hold,
+        in sequence order (extended_indices; gradients flow back to the tokens' owners). Here the layer's
+        tokens are the whole sequences and nothing precedes them: the tensors themselves."""
         return tensors
+
+    def extended_indices(self, t: int, reach: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index in its whole sequence [u] of each token :meth:`extend` gives for ``reach``, whether the layer
+        holds it [u])."""
+        idx = torch.arange(t, device=device)
+        return idx, torch.ones_like(idx, dtype=torch.bool)
+
+    def place(self, owned: torch.Tensor, last: torch.Tensor, start: torch.Tensor, doc: torch.Tensor) -> EntrySet:
+        """The compressed entries of the whole sequences, from the windows [B, n] the layer pooled: ``owned``
+        the windows it forms for everyone (the others are another part's or never visible), ``last`` the index
+        of each window's last token, ``start`` its first position, ``doc`` its document (-1: padding). Here the
+        layer pooled every window: they are the entries, in sequence order."""
+        return EntrySet(start, doc)
 
     def indices(self, t: int, device: torch.device) -> torch.Tensor:
         """The index [t] of each of the layer's tokens in its whole sequence."""
@@ -82,18 +116,23 @@ class AttnContext:
     cache: AttentionCache | None = None
     """Decoding only: the KV cache every attention layer delegates to (None: a plain full forward)."""
     keys: SequenceKeys = field(default_factory=SequenceKeys)
-    """The model's SequenceKeys (V4 attention reads the whole sequences' per-token entries through it)."""
-    ids: tuple[torch.Tensor, torch.Tensor] | None = None
-    """sequence_ids' cache."""
+    """The model's SequenceKeys (V4 attention reads its window's halo and the whole sequences' compressed entries
+    through it)."""
+    memo: dict[tuple[object, ...], object] = field(default_factory=dict)
+    """Per-forward results the layers share (extended tokens per reach, compressed-entry layouts per window)."""
 
-    def sequence_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(position ids, document ids) [B, S] of the whole sequences the keys come from (document 0 everywhere
-        without doc_ids), computed once per forward."""
-        if self.ids is None:
+    def extended(self, reach: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(index in the whole sequence [u], held here [u], positions [B, u], documents [B, u]) of the tokens
+        SequenceKeys.extend gives for ``reach`` (document 0 everywhere without doc_ids), once per forward."""
+        key = ("extended", reach)
+        if key not in self.memo:
             doc = self.doc_ids if self.doc_ids is not None else torch.zeros_like(self.position_ids)
-            pos_all, doc_all = self.keys.whole([self.position_ids, doc])
-            self.ids = (pos_all, doc_all)
-        return self.ids
+            pos, doc = self.keys.extend([self.position_ids, doc], [reach, reach])
+            idx, held = self.keys.extended_indices(self.position_ids.shape[1], reach, self.position_ids.device)
+            self.memo[key] = (idx, held, pos, doc)
+        out = self.memo[key]
+        assert isinstance(out, tuple)
+        return out
 
     def rope(self, theta: float, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [B, T, dim/2] at position_ids for base `theta`, computed once per forward."""

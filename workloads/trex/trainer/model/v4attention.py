@@ -21,6 +21,12 @@ RMS-normalised and rotated at its window's first position; it becomes visible on
 the window's last token. Packed documents compress as they would alone (windows restart at each
 document). The indexer is trained (trex's addition, not in the release) by a KL loss from the
 detached main attention over the visible entries to its own distribution, on detached inputs.
+
+The keys come through the model's ``keys`` (trex.trainer.model.context.SequenceKeys): ``extend`` gives the
+layer's tokens with the tokens before them its window and its pooling reach, ``place`` the whole sequences'
+compressed entries in sequence order from the windows formed here. In one process both are the layer's own
+tokens and windows; under context parallelism (trex.trainer.parallel.context) the first is a halo exchange
+and the second shares the entries each rank forms of the windows whose last token it holds.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trex.trainer.model.args import ModelArgs
-from trex.trainer.model.context import AttnContext
+from trex.trainer.model.context import AttnContext, EntrySet
 from trex.trainer.model.layers import (
     RMSNorm,
     apply_rope_tail,
@@ -44,11 +50,15 @@ from trex.trainer.model.layers import (
 )
 
 
-def block_ids(position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int) -> torch.Tensor:
+def block_ids(position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int,
+              index: torch.Tensor | None = None) -> torch.Tensor:
     """Compression window index per token [B, T]: `every` consecutive positions of one document,
-    aligned to the document start (so a packed document compresses as it would alone)."""
+    aligned to the document start (so a packed document compresses as it would alone). ``index``: the tokens'
+    indices [T] in their sequence when they are not consecutive (a window never spans a gap)."""
     new = torch.ones_like(doc_ids, dtype=torch.bool)
     new[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]) | (position_ids[:, 1:] // every != position_ids[:, :-1] // every)
+    if index is not None:
+        new[:, 1:] |= (index[1:] != index[:-1] + 1)[None]
     return new.long().cumsum(dim=1) - 1
 
 
@@ -67,9 +77,10 @@ class Windows:
         return same & (position_ids[:, :, None] >= self.start[:, None, :] + every - 1)
 
 
-def windows(position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int) -> Windows:
-    """Compression windows of `every` tokens per document."""
-    seg = block_ids(position_ids, doc_ids, every)
+def windows(position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int,
+            index: torch.Tensor | None = None) -> Windows:
+    """Compression windows of `every` tokens per document (``index``: see block_ids)."""
+    seg = block_ids(position_ids, doc_ids, every, index)
     b = seg.shape[0]
     s = int(seg.max().item()) + 1
     doc = torch.full((b, s), -1, dtype=doc_ids.dtype, device=seg.device).scatter_reduce(1, seg, doc_ids, "amax")
@@ -95,6 +106,11 @@ class Pool(nn.Module):
         self.gate_proj = nn.Linear(args.hidden_size, width, bias=False)
         self.position_bias = nn.Parameter(torch.zeros(every, width))
         self.kv_norm = RMSNorm(dim, args.norm_eps, scale_in_fp32=True)
+
+    @property
+    def reach(self) -> int:
+        """How many tokens before a window's last token its entry pools from (csa: the previous window too)."""
+        return (2 if self.overlap else 1) * self.every - 1
 
     def features(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The per-token inputs of the pooling, [key/value [B, T, width], gate [B, T, width]] (width: dim, two
@@ -193,13 +209,45 @@ def sink_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks:
     return torch.einsum("bhts,bsd->bthd", probs.to(kv.dtype), kv)
 
 
-def window_mask(q_idx: torch.Tensor, doc: torch.Tensor, doc_all: torch.Tensor, window: int) -> torch.Tensor:
-    """Boolean [B, 1, t, S]: key j (of the whole sequences' S tokens) visible to query i (global index q_idx[i],
-    document doc[:, i]) iff j <= q_idx[i] < j + window, in the same document."""
-    k_idx = torch.arange(doc_all.shape[1], device=doc.device)
+def window_mask(q_idx: torch.Tensor, doc: torch.Tensor, k_idx: torch.Tensor, k_doc: torch.Tensor,
+                window: int) -> torch.Tensor:
+    """Boolean [B, 1, t, u]: key j (index k_idx[j] in its sequence, document k_doc[:, j]) visible to query i
+    (index q_idx[i], document doc[:, i]) iff k_idx[j] <= q_idx[i] < k_idx[j] + window, in the same document."""
     back = q_idx[:, None] - k_idx[None, :]
     allowed = (back >= 0) & (back < window)
-    return (allowed[None] & (doc[:, :, None] == doc_all[:, None, :]))[:, None]
+    return (allowed[None] & (doc[:, :, None] == k_doc[:, None, :]))[:, None]
+
+
+@dataclass
+class EntryLayout:
+    """The compression windows of the tokens SequenceKeys.extend gives for a pooling's reach, and where their
+    entries go among the whole sequences' (computed once per forward per window size)."""
+
+    win: Windows  # over the extended tokens
+    pos: torch.Tensor  # [B, u] positions of the extended tokens
+    doc: torch.Tensor  # [B, u] their documents
+    entries: EntrySet
+
+
+def entry_layout(ctx: AttnContext, every: int, reach: int) -> EntryLayout:
+    """The windows of ``every`` tokens over the extended tokens of ``reach`` and their entries' place: a window is
+    formed here for everyone when its last token is held here and is its window's last position (a document's
+    trailing partial window is never visible to a query); its entry pools only tokens within ``reach`` before
+    that token, which the extended tokens hold."""
+    key = ("entries", every, reach)
+    if key not in ctx.memo:
+        idx, held, pos, doc = ctx.extended(reach)
+        win = windows(pos, doc, every, idx)
+        b, u = pos.shape
+        col = torch.arange(u, device=pos.device).expand(b, u)
+        last = torch.full((b, win.count), -1, dtype=torch.long, device=pos.device).scatter_reduce(
+            1, win.seg, col, "amax")
+        lc = last.clamp(min=0)
+        owned = (last >= 0) & held[lc] & (pos.gather(1, lc) % every == every - 1)
+        ctx.memo[key] = EntryLayout(win, pos, doc, ctx.keys.place(owned, idx[lc], win.start, win.doc))
+    out = ctx.memo[key]
+    assert isinstance(out, EntryLayout)
+    return out
 
 
 def top_k_visible(masked_scores: torch.Tensor, visible: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -253,32 +301,35 @@ class V4Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (output [B, T, D], indexer KL loss scalar: zero outside csa).
 
-        The queries are the tokens x; the keys come from the whole sequences through ``ctx.keys`` (the tokens x
-        themselves in one process; every chunk of the sequences under context parallelism): the shared key/value
-        entries, and the compressor's and the indexer's per-token features, so the compressed entries are
-        pooled over the whole sequences' windows."""
+        The queries are the tokens x; the keys come through ``ctx.keys`` (the tokens x themselves in one process;
+        under context parallelism the tokens x with the window's halo before each of their chunks, and the
+        compressed entries of the whole sequences, each pooled where its window's last token lives)."""
         if ctx.cache is not None:
             return ctx.cache.attend(self, x, ctx)
         b, t, _ = x.shape
         q_res, q, kv = self.project(x, ctx)
         doc = ctx.doc_ids if ctx.doc_ids is not None else torch.zeros((b, t), dtype=torch.long, device=x.device)
         comp = self.compressor
-        feats = [kv]
+        feats, reaches = [kv], [self.window - 1]
         if comp is not None:
             feats += comp.features(x)
             if comp.indexer is not None:
                 feats += comp.indexer.features(x.detach())  # the indexer trains on detached inputs
-        kv, *per_token = ctx.keys.whole(feats)
-        pos_all, doc_all = ctx.sequence_ids()
-        mask = window_mask(ctx.keys.indices(t, x.device), doc, doc_all, self.window)
+            reaches += [comp.reach] * (len(feats) - 1)
+        kv, *per_token = ctx.keys.extend(feats, reaches)
+        k_idx, _, _, k_doc = ctx.extended(self.window - 1)
+        mask = window_mask(ctx.keys.indices(t, x.device), doc, k_idx, k_doc, self.window)
         aux = upcast(x.new_zeros(()))
         if comp is not None:
-            win = windows(pos_all, doc_all, comp.every)
-            entries = comp.pool_features(per_token[0], per_token[1], pos_all, win, doc_all, ctx.cos.dtype)
-            visible = win.visible(ctx.position_ids, doc, comp.every)
+            lay = entry_layout(ctx, comp.every, comp.reach)
+            pooled = [comp.pool_features(per_token[0], per_token[1], lay.pos, lay.win, lay.doc, ctx.cos.dtype)]
             if comp.indexer is not None:
-                keys = comp.indexer.pool_features(per_token[2], per_token[3], pos_all, win, doc_all, ctx.cos.dtype)
-                visible, aux = self.select(x, q_res, q, entries, keys, visible, ctx)
+                pooled.append(comp.indexer.pool_features(per_token[2], per_token[3], lay.pos, lay.win, lay.doc,
+                                                         ctx.cos.dtype))
+            entries, *index_keys = lay.entries.share(pooled)
+            visible = lay.entries.visible(ctx.position_ids, doc, comp.every)
+            if index_keys:
+                visible, aux = self.select(x, q_res, q, entries, index_keys[0], visible, ctx)
             kv = torch.cat([kv, entries], dim=1)
             mask = torch.cat([mask, visible[:, None]], dim=-1)
         return self.attend(q, kv, mask, ctx), aux
