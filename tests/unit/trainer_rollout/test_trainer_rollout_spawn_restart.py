@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,9 @@ def _venv(root: Path) -> Path:
     return root
 
 
-def _export(w: int):  # type: ignore[no-untyped-def]
+def _export(w: int) -> Callable[[Path], Path]:
+    """An export that writes the stand-in weights ``w``."""
+
     def export(folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "weights.txt").write_text(str(w))
