@@ -430,6 +430,11 @@ class VLLMRollouts:
         if cfg.spawn_local:
             self.engine.revive = self.revive
 
+    def take_restarts(self) -> int:
+        """The spawnLocal server's restarts since the last call (a step's)."""
+        n, self._reported_restarts = self.restarts - self._reported_restarts, self.restarts
+        return n
+
     def revive(self, deadline: float) -> None:
         """Restart the spawnLocal server if its process has exited: its process group's remains killed, then a new
         server on the same port from the newest pushed weights folder (the version the engine holds), tagged with that
@@ -524,8 +529,7 @@ def rollout_outcome(engine: VLLMRollouts) -> tuple[dict[str, float], list[Series
     """The last rollout's cut requests and the tokens its continuations kept from the log, and the spawnLocal server's
     restarts since the last call: as step metrics (JSONL) and Prometheus samples (the restarts a counter)."""
     st = engine.engine.stats
-    restarts = engine.restarts - engine._reported_restarts
-    engine._reported_restarts = engine.restarts
+    restarts = engine.take_restarts()
     metrics = {"rollout_requests_cut": float(st.cuts), "rollout_tokens_kept": float(st.kept),
                "rollout_server_restarts": float(restarts)}
     series = [Series("rollout_requests_cut", metrics["rollout_requests_cut"]),
