@@ -1,7 +1,7 @@
 """Mode opd logs its rollouts per step as mode grpo does (trex.trainer.rollout.steplog): a trainer preempted in the
 middle of a step's rollouts and restarted from its checkpoint reads the step's log back and continues each sample from
 what it holds; its tokens, log-probs and loss equal an uninterrupted run's (fp64, fixed seeds), and only the current
-step's log is kept."""
+step's log is kept. Tokens a log holds from an older policy version are stale: context, not scored."""
 
 from __future__ import annotations
 
@@ -106,3 +106,18 @@ def test_a_restarted_opd_trainer_continues_the_step_from_its_rollout_log(tmp_pat
     a, b = whole.history[2], rest.history[0]
     assert a.parts == b.parts
     assert torch.equal(torch.tensor(a.grad_norm), torch.tensor(b.grad_norm))
+
+
+def test_stale_tokens_are_context_but_not_scored() -> None:
+    """A rollout whose first two tokens were sampled under an older policy version (logged before a push): they stay
+    in the sequence, only the newer tokens are scored (as GRPO's loss masks stale tokens)."""
+    from trex.trainer.distill.opd import pack
+    from trex.trainer.rollout.engine import Rollout
+
+    r = Rollout(sample_id=0, prompt=[5, 6], tokens=[7, 8, 9, 10], logprobs=[-1.0] * 4, versions=[1, 1, 2, 2],
+                policy_version=2)
+    fresh = Rollout(sample_id=1, prompt=[5], tokens=[11, 12], logprobs=[-1.0] * 2, versions=[2, 2], policy_version=2)
+    b = pack([r, fresh], [["t"], ["t"]], pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9, 10], [5, 11, 12, 0, 0, 0]]
+    assert b.mask.tolist() == [[False, False, False, True, True, False], [True, True, False, False, False, False]]
+    assert b.tokens == 4
