@@ -6,7 +6,9 @@ of vLLM: trex's own forward of the same weights. After a push of the same weight
 Then the trainer's side of pushes: version tags, stale marking of a push during a rollout (between two samples and
 between two segments of one), a kill -9 of the server mid-rollout (the rollout continues from its token log on the
 restarted server and equals an uninterrupted run), GRPO and OPD steps rolled out on the server with a push before
-each, and test_grpo_learns's task learnt through the server. ``make test`` sets
+each (OPD's rollouts logged with each token's version, as GRPO's), and test_grpo_learns's task learnt through the
+server. Last, on servers of their own started one at a time after the first stops: a MoE model's experts after pushes,
+and rollout.spawnLocal: the server the engine spawned is killed mid-rollout and the engine restarts it. ``make test`` sets
 TREX_REQUIRE_VLLM=1: a missing vLLM environment then fails this test instead of skipping it.
 """
 
@@ -30,15 +32,16 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from trex.config_base import load_section
 from trex.prompt_contract import BOS, END, EOS, PAD, prompt_messages, training_messages
 from trex.text.chat import encode_prompt
-from trex.trainer.config import TrainerConfig
+from trex.trainer.config import RolloutConfig, TrainerConfig
 from trex.trainer.export import export_hf
 from trex.trainer.hf import load_hf
 from trex.trainer.loop import Trainer
 from trex.trainer.model import build_model
 from trex.trainer.model.model import DeepSeekModel
+from trex.trainer.objective import Series
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
-from trex.trainer.rollout.vllm_engine import VLLMEngine
+from trex.trainer.rollout.vllm_engine import VLLMEngine, VLLMRollouts, rollout_outcome
 from trex.trainer.rollout.vllm_server import VLLMServer
 from trex.trainer.rollout.wal import RECORD_SIZE, RolloutLog, group_records, read_log
 
@@ -138,6 +141,7 @@ def test_rollouts_on_a_real_vllm_server(tmp_path: Path) -> None:
     finally:
         server.stop()
     _moe_experts_follow_a_push(venv, tmp_path)
+    _a_spawned_server_that_dies_is_restarted(venv, tmp_path)
 
 
 def _moe_experts_follow_a_push(venv: Path, root: Path) -> None:
@@ -399,6 +403,16 @@ def _opd_steps_roll_out_on_the_server(server: VLLMServer, hf: Path, root: Path) 
     assert res.history[0].parts["opd"] == pytest.approx(0.0, abs=1e-6)  # student = teacher at step 0
     assert all(math.isfinite(r.loss) for r in res.history)
     assert _get(server.url + "/weight_info")["weight_version"] == "1"
+    # the step's rollouts are logged as GRPO's: the last step's log alone is kept, every token tagged with version 1
+    logs = sorted((root / "opd" / "rollouts").iterdir())
+    assert [p.name for p in logs] == ["step-00000001-rank-00000.wal"]
+    _, records, _ = read_log(logs[0].read_bytes(), logs[0])
+    samples = group_records(records, logs[0])
+    assert sorted(samples) == [4, 5, 6, 7]  # step 1's sample ids: 2 prompts x 2 samples after step 0's four
+    assert {r.policy_version for r in records} == {1} and len(records) == sum(len(s.tokens) for s in samples.values())
+    last = res.history[-1].metrics
+    assert last["opd_response_length"] * 4 == len(records) > 0
+    assert last["rollout_requests_cut"] == 0 and last["opd_resumed_tokens"] == 0
 
 
 def _grpo_learns_through_the_server(server: VLLMServer, hf: Path, root: Path) -> None:
@@ -421,3 +435,51 @@ def _grpo_learns_through_the_server(server: VLLMServer, hf: Path, root: Path) ->
     start, end = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
     assert start < 0.25, rewards
     assert end >= 0.5, rewards
+
+
+def _a_spawned_server_that_dies_is_restarted(venv: Path, root: Path) -> None:
+    """rollout.spawnLocal: the engine starts its own server from the first push's export (policy version 3). kill -9 of
+    that server's process group mid-rollout (temperature 1, segments of 16, once every sample has logged more than one
+    segment and one is inside a segment): the engine restarts it on the same port from the newest pushed weights
+    folder, tagged 3 again, and the rollout goes on from its log in the same call; its tokens equal an uninterrupted
+    run's made on the first server before the kill, and the restart is counted once (rollout_server_restarts)."""
+    model, seg, n, budget, seed = _model(23), 16, 8, 64, 5
+    cfg = RolloutConfig(engine="vllm", spawn_local=True, vllm_venv=str(venv), max_model_len=256, segment_tokens=seg,
+                        retry_seconds=900, weights_dir=str(root / "spawn-weights"))
+    rollouts = VLLMRollouts(cfg, root / "spawn")
+    try:
+        t0 = time.monotonic()
+        rollouts.ensure(lambda d: export_hf(model, _tokenizer(), d), 3)
+        first = rollouts.server
+        assert first is not None and first.proc is not None
+        eng = rollouts.engine
+        print(f"spawnLocal server ready in {time.monotonic() - t0:.1f} s")
+        prompts, params = _prompts(n), SamplingParams(temperature=1.0, max_new_tokens=budget)
+        ref = eng.generate(prompts, params, seed)
+        log, out = root / "spawn.wal", dict[str, list[Rollout]]()
+        worker = threading.Thread(
+            target=lambda: out.update(got=eng.generate(prompts, params, seed, wal=RolloutLog(log))))
+        worker.start()
+        while not _mid_segment(log, n, seg):
+            assert worker.is_alive(), "the rollout ended before the kill"
+            time.sleep(0.01)
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        t1 = time.monotonic()
+        worker.join(900)
+        got, st = out["got"], eng.stats
+        print(f"spawnLocal kill -9: restarted and the rollout done in {time.monotonic() - t1:.1f} s, {st.cuts} requests "
+              f"cut, {st.kept} tokens kept, {st.replayed} re-drawn")
+        assert rollouts.restarts == 1 and rollouts.server is not first and rollouts.server is not None
+        assert rollouts.server.port == first.port and first.proc.poll() is not None
+        assert [r.tokens for r in got] == [r.tokens for r in ref]
+        assert [x for r in got for x in r.logprobs] == pytest.approx([x for r in ref for x in r.logprobs], abs=1e-4)
+        assert st.cuts > 0 and st.kept > 0 and st.diverged == 0
+        assert all(r.versions == [3] * budget and not any(r.stale) for r in got)
+        assert _logged(log) == {r.sample_id: r.tokens for r in got}
+        assert _get(rollouts.server.url + "/weight_info")["weight_version"] == "3"
+        metrics, series = rollout_outcome(rollouts)
+        assert metrics["rollout_server_restarts"] == 1
+        assert Series("rollout_server_restarts_total", 1.0, counter=True) in series
+        assert rollout_outcome(rollouts)[0]["rollout_server_restarts"] == 0  # counted once
+    finally:
+        rollouts.close()

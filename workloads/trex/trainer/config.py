@@ -562,6 +562,8 @@ class OPDConfig(TrexModel):
     benchmark format `trex eval` reads (nl4opt, mamo, optibench, industryor, optmath)."""
     prompt_set: str = "trex"
     """Prompt set of the user turn (trex.prompt_contract; the one SFT samples and `trex eval` use)."""
+    wal_fsync_every: int = Field(default=64, ge=0)
+    """Rollout log: fsync after this many tokens (0 = at the end of each rollout only), as grpo.walFsyncEvery."""
 
     @model_validator(mode="after")
     def _check(self) -> OPDConfig:

@@ -18,7 +18,7 @@ from trex.trainer.distill.teacher import TeacherLayout, vocab_rows
 from trex.trainer.objective import Outcome, RunContext, Series
 from trex.trainer.parallel.decode import DecodeReplica
 from trex.trainer.parallel.parallelize import shared_over_tp
-from trex.trainer.rollout.vllm_engine import push_for_step, run_engine
+from trex.trainer.rollout.vllm_engine import push_for_step, rollout_outcome, run_engine
 from trex.verify.items import Item
 
 
@@ -34,6 +34,8 @@ class OPDStepInfo:
     cache_spilled_bytes: int
     teacher_switches: int
     teacher_loads: int
+    resumed_tokens: int = 0
+    """Response tokens read back from the step's rollout log (a rerun of an interrupted step)."""
 
     def metrics(self) -> dict[str, float]:
         """The step's JSONL fields."""
@@ -41,7 +43,8 @@ class OPDStepInfo:
                 "opd_response_length": self.response_length,
                 **{f"opd_{k}_seconds": v for k, v in self.seconds.items()},
                 "opd_cache_hit_bytes": self.cache_hit_bytes, "opd_cache_spilled_bytes": self.cache_spilled_bytes,
-                "opd_teacher_switches": self.teacher_switches, "opd_teacher_loads": self.teacher_loads}
+                "opd_teacher_switches": self.teacher_switches, "opd_teacher_loads": self.teacher_loads,
+                "opd_resumed_tokens": self.resumed_tokens}
 
     def series(self) -> list[Series]:
         """The step's Prometheus samples."""
@@ -124,14 +127,17 @@ class OPDObjective:
         info = OPDStepInfo(kl=stats.kl, entropy=stats.entropy, response_length=stats.response_length,
                            seconds=stats.seconds, cache_hit_bytes=cache.hit_bytes,
                            cache_spilled_bytes=cache.spilled_bytes, teacher_switches=teachers.switches,
-                           teacher_loads=teachers.trunk_loads)
+                           teacher_loads=teachers.trunk_loads, resumed_tokens=stats.resumed)
         o = self.ctx.cfg.opd
+        cut, cut_series = rollout_outcome(self.engine) if self.engine is not None else ({}, [])
         return Outcome({"opd": stats.loss, "total": stats.loss}, stats.expert_counts, float(stats.tokens),
                        stats.sequence_tokens, stats.seq_len, o.prompts_per_step * o.samples_per_prompt,
-                       {**info.metrics(), **push}, info.series() + [Series(k, v) for k, v in push.items()], {}, info)
+                       {**info.metrics(), **push, **cut},
+                       info.series() + [Series(k, v) for k, v in push.items()] + cut_series, {}, info)
 
     def state_dict(self) -> dict[str, Any]:
-        """Nothing: the step number alone places the prompts and their samples."""
+        """Nothing: the step number alone places the prompts and their samples, and the rollout logs sit beside the
+        checkpoints (a resumed step reads its log back, as mode grpo's does)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

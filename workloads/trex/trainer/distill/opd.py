@@ -47,9 +47,10 @@ class OPDBatch:
 
 def pack(rollouts: Sequence[Rollout], teachers: Sequence[Sequence[str]], pad_id: int = 0) -> OPDBatch:
     """The rollouts as one right-padded batch, laid out as GRPO's (:func:`trex.trainer.rl.step.pack`; the model is
-    causal: padding after a sequence changes nothing before it)."""
+    causal: padding after a sequence changes nothing before it). Stale tokens (sampled under an older policy version
+    than their rollout's) are context but not scored, as GRPO's loss masks them."""
     b = rl_pack(rollouts, pad_id)
-    return OPDBatch(b.input_ids, b.mask, b.targets, [list(t) for t in teachers])
+    return OPDBatch(b.input_ids, b.mask & ~b.stale, b.targets, [list(t) for t in teachers])
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,8 @@ class OPDStats:
     """Length of the packed batch (longest prompt + response)."""
     sequence_tokens: int = 0
     """Prompt + response tokens of every sample (what the student's forward reads, padding aside)."""
+    resumed: int = 0
+    """Response tokens read back from the step's rollout log (a rerun of an interrupted step) instead of sampled."""
     expert_counts: torch.Tensor | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     """rollout, teacher and student wall seconds."""
@@ -238,4 +241,5 @@ def opd_step(student: DeepSeekModel, prompts: Sequence[Sequence[int]], teachers:
                          vocab=vocab, collective=reduce is not None)
     stats.seconds["rollout"] = t1 - t0
     stats.sequence_tokens = sum(len(r.prompt) + len(r.tokens) for r in rollouts)
+    stats.resumed = sum(r.resumed for r in rollouts)
     return stats

@@ -31,6 +31,7 @@ from trex.trainer.parallel.decode import DecodeReplica, decoding, shared_over
 from trex.trainer.rl.prompts import PromptCache, PromptOrder
 from trex.trainer.rl.step import stop_tokens_of
 from trex.trainer.rollout import Rollout, SamplingParams, generate
+from trex.trainer.rollout.steplog import WAL_DIR, StepLogs, log_name
 from trex.verify.items import Item
 
 
@@ -100,6 +101,8 @@ class OPDRun:
         """Prompt tokens of item i (encoded once)."""
         self.engine: Any = None
         """The external rollout engine (a VLLMRollouts, rollout.engine vllm; None: in process)."""
+        self.logs = StepLogs(ckpt_dir / WAL_DIR, log_name(self.ranks.dp_rank, self.ranks.tp_group), o.wal_fsync_every)
+        """This rank's per-step rollout logs (as mode grpo's: trex.trainer.rollout.steplog)."""
 
     def batch_at(self, step: int) -> list[int]:
         """The item indices of optimizer step ``step``."""
@@ -114,18 +117,21 @@ class OPDRun:
 
     def step(self, model: Any, step: int) -> OPDStats:
         """Rollouts, teacher pass and the student's backward for step ``step`` (gradients accumulate); the statistics
-        cover every data-parallel rank."""
+        cover every data-parallel rank. The rollouts are logged token by token to the step's log (logs of other steps
+        are removed first): a rerun of the step (a restarted trainer) continues each sample from what the log holds."""
         start, batch = self.my_prompts(step)
         r = self.ranks
 
         def sample(prompts: list[list[int]], ids: list[int]) -> list[Rollout]:
+            self.logs.prune(step)
             if self.engine is not None:
                 return list(self.engine.engine.generate(prompts, self.params, self.seed, sample_ids=ids,
-                                                        max_seq_len=self.engine.max_seq_len))
+                                                        max_seq_len=self.engine.max_seq_len,
+                                                        wal=self.logs.for_step(step)))
             with decoding(model, r.replica) as m:
                 return shared_over(r.tp_group, list(zip(prompts, ids, strict=True)), lambda part: generate(
                     m, [p for p, _ in part], self.params, self.seed, sample_ids=[i for _, i in part],
-                    policy_version=step))
+                    policy_version=step, wal=self.logs.for_step(step)))
 
         stats = opd_step(model, [self.prompt(i) for i in batch], [self.teachers[i] for i in batch], self.pool,
                          self.params, samples_per_prompt=self.cfg.samples_per_prompt, seed=self.seed, step=step,
@@ -146,16 +152,16 @@ def over_ranks(stats: OPDStats, labels: Sequence[str], total: Callable[[list[flo
     loop sums the loss parts over the ranks), as do the batch length, expert counts and seconds."""
     n_ent = float(sum(stats.kl_tokens.values()))
     values = [0.0, float(stats.tokens), stats.entropy * n_ent, n_ent, stats.response_length,
-              float(stats.sequence_tokens), 1.0]
+              float(stats.sequence_tokens), 1.0, float(stats.resumed)]
     for label in labels:
         k = float(stats.kl_tokens.get(label, 0))
         values += [stats.kl.get(label, 0.0) * k, k]
     s = total(values)
     kl, kl_tokens = {}, {}
     for i, label in enumerate(labels):
-        weighted, k = s[7 + 2 * i], s[8 + 2 * i]
+        weighted, k = s[8 + 2 * i], s[9 + 2 * i]
         if k > 0:
             kl[label], kl_tokens[label] = weighted / k, int(k)
     return OPDStats(loss=stats.loss, kl=kl, kl_tokens=kl_tokens, entropy=s[2] / s[3] if s[3] else 0.0, tokens=int(s[1]),
                     response_length=s[4] / s[6], seq_len=stats.seq_len, sequence_tokens=int(s[5]),
-                    expert_counts=stats.expert_counts, seconds=stats.seconds)
+                    expert_counts=stats.expert_counts, seconds=stats.seconds, resumed=int(s[7]))

@@ -20,8 +20,9 @@ from trex.trainer.objective import Outcome, RunContext, Series
 from trex.trainer.parallel.decode import DecodeReplica, decoding
 from trex.trainer.parallel.mesh import Meshes, ParallelDims
 from trex.trainer.rl.reward import Verifier
-from trex.trainer.rl.step import WAL_DIR, GRPORun, GRPOStats, summary
-from trex.trainer.rollout.vllm_engine import push_for_step, rollout_metrics, run_engine
+from trex.trainer.rl.step import GRPORun, GRPOStats, summary
+from trex.trainer.rollout.steplog import WAL_DIR
+from trex.trainer.rollout.vllm_engine import push_for_step, rollout_outcome, run_engine
 from trex.verify.items import Item
 
 
@@ -103,9 +104,10 @@ class GRPOObjective:
         stats = run.stats(rollouts, rewards, loss_stats, (t1 - t0, t2 - t1, t3 - t2))
         self.steps.append(stats)
         seq_len = max(len(r.prompt) + len(r.tokens) for r in rollouts)
-        metrics = {**grpo_record(stats), **push, **run.mismatch.metrics(ctx.cfg.rollout.mismatch_alert),
-                   **(rollout_metrics(self.engine) if self.engine is not None else {})}
-        series = [Series(k, v) for k, v in metrics.items()]
+        metrics = {**grpo_record(stats), **push, **run.mismatch.metrics(ctx.cfg.rollout.mismatch_alert)}
+        cut, cut_series = rollout_outcome(self.engine) if self.engine is not None else ({}, [])
+        series = [Series(k, v) for k, v in metrics.items()] + cut_series
+        metrics.update(cut)
         series += [Series("verifier_outcomes_total", n, {"outcome": o}, counter=True) for o, n in stats.outcomes.items()]
         return Outcome({**parts, "total": parts["grpo"]}, counts, float(stats.valid_tokens), stats.forward_tokens,
                        seq_len, stats.responses, metrics, series, {"verifier_outcomes": stats.outcomes}, stats)

@@ -33,11 +33,8 @@ from trex.trainer.rl.reward import OUTCOMES as VERIFIER_OUTCOMES
 from trex.trainer.rl.reward import ORVerifier, Reward, RewardWeights, Verifier
 from trex.trainer.rollout.engine import Rollout, generate
 from trex.trainer.rollout.sampling import SamplingParams
-from trex.trainer.rollout.wal import RolloutLog
+from trex.trainer.rollout.steplog import StepLogs, log_name
 from trex.verify.items import Item
-
-WAL_DIR = "rollouts"
-"""Folder under the checkpoint root holding the current step's rollout logs."""
 
 OUTCOMES = VERIFIER_OUTCOMES
 """Verifier outcome categories counted per step (summed over ranks by name; others are not counted)."""
@@ -149,14 +146,11 @@ class GRPORun:
         if g.prompts_per_step % dp:
             raise ValueError(f"grpo.promptsPerStep: {g.prompts_per_step} is not a multiple of dp = {dp}")
         self.cfg, self.tok, self.items, self.verifier = cfg, tokenizer, list(items), verifier
-        self.wal_dir, self.dp_rank, self.dp, self.sum = wal_dir, dp_rank, dp, sum_over_ranks
+        self.dp_rank, self.dp, self.sum = dp_rank, dp, sum_over_ranks
         self.tp_group = tp_group
         """The tp ranks of this data-parallel rank (same prompts): they split its decoding and verification."""
-        self.log_name = f"rank-{dp_rank:05d}"
-        if tp_group is not None:
-            import torch.distributed as dist
-
-            self.log_name += f"-tp-{dist.get_rank(tp_group):03d}"
+        self.logs = StepLogs(wal_dir, log_name(dp_rank, tp_group), g.wal_fsync_every)
+        """This rank's per-step rollout logs."""
         self.order = PromptOrder(len(self.items), cfg.data.seed)
         self.stop = stop_tokens_of(tokenizer)
         self.params = SamplingParams(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
@@ -178,10 +172,6 @@ class GRPORun:
         start = self.dp_rank * per_rank
         return list(enumerate(every))[start:start + per_rank]
 
-    def wal_path(self, step: int) -> Path:
-        """This rank's rollout log for ``step`` (its share of the samples under tp)."""
-        return self.wal_dir / f"step-{step:08d}-{self.log_name}.wal"
-
     def rollout(self, model: Any, step: int) -> tuple[list[Rollout], list[Item]]:
         """G samples per prompt of this rank at ``step`` (policy version = step), logged token by token; logs of
         other steps are removed first (a rerun of a step regenerates what they held, draw for draw)."""
@@ -189,23 +179,16 @@ class GRPORun:
         mine = self.my_prompts(step)
         prompts = [self.prompt(i) for _, i in mine for _ in range(g)]
         ids = [(step * self.cfg.grpo.prompts_per_step + pos) * g + k for pos, _ in mine for k in range(g)]
-        keep = self.wal_path(step)
-        if self.wal_dir.is_dir():
-            for old in self.wal_dir.glob(f"step-*-{self.log_name}.wal"):
-                if old != keep:
-                    old.unlink()
-
+        self.logs.prune(step)
         self.mismatch = Mismatch()
         if self.engine is not None:
             return (self.engine.engine.generate(prompts, self.params, self.cfg.seed, sample_ids=ids,
-                                                max_seq_len=self.engine.max_seq_len,
-                                                wal=RolloutLog(keep, self.cfg.grpo.wal_fsync_every)),
+                                                max_seq_len=self.engine.max_seq_len, wal=self.logs.for_step(step)),
                     [self.items[i] for _, i in mine for _ in range(g)])
 
         def decode(part: list[tuple[list[int], int]]) -> list[Rollout]:
-            wal = RolloutLog(keep, self.cfg.grpo.wal_fsync_every)
             return generate(model, [p for p, _ in part], self.params, self.cfg.seed, sample_ids=[i for _, i in part],
-                            policy_version=step, wal=wal)
+                            policy_version=step, wal=self.logs.for_step(step))
 
         rollouts = shared_over(self.tp_group, list(zip(prompts, ids, strict=True)), decode)
         return rollouts, [self.items[i] for _, i in mine for _ in range(g)]

@@ -37,6 +37,11 @@ under the version it is tagged with; a push between two segments of a sample tag
 version. A rollout's policy version is the newest version among its tokens (logged ones included), so tokens drawn
 before a push during the rollout, or logged before a restart that came back under a newer version, are stale (the
 loss masks them).
+
+A server the trainer spawned itself (rollout.spawnLocal) whose process has exited is restarted by the trainer while
+the cut requests wait for it (:meth:`VLLMRollouts.revive`): from the newest pushed weights folder, tagged with the same
+version, on the same port, so the requests continue from the log as after any cut. Servers the trainer does not own
+(listed URLs, the operator's Deployments) are only waited for: Kubernetes restarts them.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from trex.trainer.config import RolloutConfig
+from trex.trainer.objective import Series
 from trex.trainer.rollout.engine import Rollout, finish_reason, log_header
 from trex.trainer.rollout.external import token_ids
 from trex.trainer.rollout.sampling import SamplingParams, uniform
@@ -234,6 +240,9 @@ class VLLMEngine:
         self.pushes: list[PushStats] = []
         self.stats = RolloutStats()
         """The last generate call's requests, cuts and kept tokens."""
+        self.revive: Callable[[float], None] | None = None
+        """Called (with the wait's deadline, time.monotonic) while a cut request waits for a server: restarts a server
+        the trainer owns whose process has exited (:meth:`VLLMRollouts.revive`; None: servers are only waited for)."""
 
     @property
     def version(self) -> int | None:
@@ -287,6 +296,8 @@ class VLLMEngine:
         """The index of a server that answers /health again, trying ``first`` first, by ``deadline`` (retry_s after
         the sample's first cut without progress); RuntimeError naming the server otherwise."""
         while True:
+            if self.revive is not None:
+                self.revive(deadline)
             up = next((i for i in ((first + k) % len(self.servers) for k in range(len(self.servers)))
                        if healthy(self.servers[i])), None)
             if time.monotonic() >= deadline:
@@ -412,11 +423,52 @@ class VLLMRollouts:
         self.start_seconds = 0.0
         self.max_seq_len = cfg.max_model_len
         """Prompt + response tokens the servers take (rollout.maxModelLen)."""
+        self.restarts = 0
+        """Times this run restarted its spawnLocal server after its process exited."""
+        self._reported_restarts = 0
+        self._revive_lock = threading.Lock()
+        if cfg.spawn_local:
+            self.engine.revive = self.revive
+
+    def take_restarts(self) -> int:
+        """The spawnLocal server's restarts since the last call (a step's)."""
+        n, self._reported_restarts = self.restarts - self._reported_restarts, self.restarts
+        return n
+
+    def revive(self, deadline: float) -> None:
+        """Restart the spawnLocal server if its process has exited: its process group's remains killed, then a new
+        server on the same port from the newest pushed weights folder (the version the engine holds), tagged with that
+        version, ready by ``deadline`` (time.monotonic; else a RuntimeError naming rollout.retrySeconds). Holds the
+        version gate exclusively meanwhile (no request in flight, none sent), and one restart at a time: a caller that
+        waited for another's restart finds the server running and returns. Nothing for a running server."""
+        with self._revive_lock:
+            old = self.server
+            if old is None or old.proc is None or old.proc.poll() is None:
+                return
+            with self.engine.gate.writing():
+                code = old.proc.returncode
+                old.stop()
+                version = self.engine.version
+                assert version is not None  # the server was started with a version (ensure)
+                folder = self.engine.weights_dir / f"{STEP_PREFIX}{version:08d}"
+                server = VLLMServer(folder, venv=old.venv, port=old.port, max_model_len=old.max_model_len,
+                                    log_path=old.log_path).start()
+                self.server = server
+                try:
+                    server.wait_ready(max(deadline - time.monotonic(), 1.0))
+                except RuntimeError as e:
+                    raise RuntimeError(f"rollout.spawnLocal: the vLLM server {server.url} exited (code {code}) and its "
+                                       f"restart from {folder} did not serve within rollout.retrySeconds="
+                                       f"{self.cfg.retry_seconds:g} s: {e}") from None
+                post_json(server.url + "/update_weight_version", {"new_version": str(version)}, self.cfg.timeout_s)
+                self.restarts += 1
 
     def ensure(self, export: Callable[[Path], Path], version: int,
                weights: WeightsSource | None = None) -> PushStats | None:
         """Make the servers hold ``version`` (export + reload, a transfer of ``weights`` with rollout.weightPush
         transfer, or the first server start); None when they do."""
+        if self.server is not None:  # a spawned server that exited between steps comes back first
+            self.revive(time.monotonic() + self.cfg.retry_seconds)
         if self.engine.version == version:
             return None
         if self.transfer is not None:  # rollout.weightPush: transfer (every rank; spawnLocal is refused with it)
@@ -473,7 +525,14 @@ def push_for_step(engine: VLLMRollouts, ctx: RunContext, step: int) -> dict[str,
             "rollout_push_reload_seconds": st.reload_seconds, "rollout_policy_version": float(step)}
 
 
-def rollout_metrics(engine: VLLMRollouts) -> dict[str, float]:
-    """The last rollout's cut requests and the tokens its continuations kept from the log, as step metrics."""
+def rollout_outcome(engine: VLLMRollouts) -> tuple[dict[str, float], list[Series]]:
+    """The last rollout's cut requests and the tokens its continuations kept from the log, and the spawnLocal server's
+    restarts since the last call: as step metrics (JSONL) and Prometheus samples (the restarts a counter)."""
     st = engine.engine.stats
-    return {"rollout_requests_cut": float(st.cuts), "rollout_tokens_kept": float(st.kept)}
+    restarts = engine.take_restarts()
+    metrics = {"rollout_requests_cut": float(st.cuts), "rollout_tokens_kept": float(st.kept),
+               "rollout_server_restarts": float(restarts)}
+    series = [Series("rollout_requests_cut", metrics["rollout_requests_cut"]),
+              Series("rollout_tokens_kept", metrics["rollout_tokens_kept"]),
+              Series("rollout_server_restarts_total", float(restarts), counter=True)]
+    return metrics, series

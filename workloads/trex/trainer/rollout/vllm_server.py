@@ -6,6 +6,7 @@ with ``rollout.spawnLocal`` use it; the server runs in dev mode (VLLM_SERVER_DEV
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -110,7 +111,8 @@ class VLLMServer:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``timeout_s``; remove its ``sitecustomize``."""
+        """SIGTERM the server's process group, SIGKILL it after ``timeout_s``; when the server's own process has
+        exited already, SIGKILL what is left of its group (its engine-core workers); remove its ``sitecustomize``."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -118,6 +120,9 @@ class VLLMServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        elif self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         if self.site_dir is not None:
             shutil.rmtree(self.site_dir, ignore_errors=True)
             self.site_dir = None
