@@ -2,10 +2,14 @@
 prompt and response length; the weight push's seconds per GB (Hugging Face export + reload_weights); and the
 log-prob mismatch of the two engines on the same tokens.
 
-Usage: python benchmarks/rollout_vllm.py [--preset tiny-vllm] [--batch 16] [--prompt 32] [--new 64] [--json out.json]
+Usage: python benchmarks/rollout_vllm.py [--preset tiny-vllm] [--overrides '{"hiddenSize": 1024}'] [--batch 16]
+       [--prompt 32] [--new 64] [--repeats 3] [--json out.json]
 
 Both engines sample the same batch (temperature 1, no stop token, so every sample has exactly --new tokens) from the
 same random weights in fp32; the in-process engine runs in this process (OMP_NUM_THREADS as set), vLLM in its own.
+The two are timed in turn, --repeats times, once the server is up (this machine is noisy): the medians count.
+--overrides (model overrides, the TrainJob's camelCase names) scales the model, e.g. to where decoding is
+compute-bound rather than bound by per-step overheads.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -48,10 +53,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--overrides", default="{}", help="model overrides as JSON (camelCase)")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--venv", default=str(REPO / ".venv-vllm"))
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    cfg = load_section(TrainerConfig, {"model": {"preset": a.preset}, "device": "cpu"})
+    overrides = json.loads(a.overrides)
+    cfg = load_section(TrainerConfig, {"model": {"preset": a.preset, "overrides": overrides}, "device": "cpu"})
     model = build_model(cfg.model, device="cpu", dtype=torch.float32, seed=0).eval()
     vocab = model.args.vocab_size
     tok = tokenizer(vocab)
@@ -59,12 +67,12 @@ def main() -> None:
     prompts = [torch.randint(0, vocab - 4, (a.prompt,), generator=g).tolist() for _ in range(a.batch)]
     params = SamplingParams(temperature=1.0, max_new_tokens=a.new)
     tokens = a.batch * a.new
-    out: dict[str, float | int | str] = {"preset": a.preset, "batch": a.batch, "prompt": a.prompt, "new": a.new}
+    out: dict[str, float | int | str] = {"preset": a.preset, "overrides": json.dumps(overrides), "batch": a.batch,
+                                         "prompt": a.prompt, "new": a.new,
+                                         "parameters": sum(p.numel() for p in model.parameters())}
 
     generate(model, prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=2), 0)  # warm-up
-    t0 = time.perf_counter()
     ref = generate(model, prompts, params, 0)
-    out["inprocess_tokens_per_s"] = tokens / (time.perf_counter() - t0)
 
     root = Path(tempfile.mkdtemp(prefix="rollout-vllm-"))
     try:
@@ -81,9 +89,16 @@ def main() -> None:
                        push_reload_seconds=best.reload_seconds,
                        push_seconds_per_gb=(best.export_seconds + best.reload_seconds) / gb)
             engine.generate(prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=2), 0)  # warm-up
-            t0 = time.perf_counter()
-            got = engine.generate(prompts, params, 0)
-            out["vllm_tokens_per_s"] = sum(len(r.tokens) for r in got) / (time.perf_counter() - t0)
+            inproc, vllm = [], []
+            for _ in range(a.repeats):  # in turn, so both see the same machine
+                t0 = time.perf_counter()
+                generate(model, prompts, params, 0)
+                inproc.append(tokens / (time.perf_counter() - t0))
+                t0 = time.perf_counter()
+                got = engine.generate(prompts, params, 0)
+                vllm.append(sum(len(r.tokens) for r in got) / (time.perf_counter() - t0))
+            out["inprocess_tokens_per_s"] = statistics.median(inproc)
+            out["vllm_tokens_per_s"] = statistics.median(vllm)
             vllm_lp = torch.tensor([x for p, r in zip(prompts, ref, strict=True) for x in engine.score(p, r.tokens)],
                                    dtype=torch.float64)
             trex_lp = torch.tensor([x for r in ref for x in r.logprobs], dtype=torch.float64)
