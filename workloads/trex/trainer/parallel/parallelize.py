@@ -10,10 +10,15 @@ trex.trainer.parallel.placement, which the memory plan reads too):
   shared by every head (MLA's rotary key, V4's key/value entries) sum their gradients over tp; the
   indexer's head-mean target is averaged over tp;
 - dense FFNs: gate/up column-parallel, down row-parallel;
-- MoE layers: each tp rank takes a contiguous 1/tp of the micro-batch's tokens (batch x sequence flattened;
-  the inputs are replicated over tp), so inside an MoE layer every rank of the world holds different tokens
-  and micro-batch 1 splits too; the outputs are all-gathered back, and the sequence-balance loss sums each
-  sequence's expert counts over the tp ranks its tokens lie on;
+- sequence parallelism: between those GEMMs each tp rank holds a contiguous 1/tp of the micro-batch's tokens
+  (batch x sequence flattened): the residual stream (or mHC streams), its norms and mHC mappings, and the MoE
+  layers (router, dispatch, routed and shared experts), so micro-batch 1 splits too and every rank of the world
+  holds different tokens inside an MoE layer. The first trunk block (and every MTP block) cuts its input to the
+  slice, the last trunk block (and every MTP block) all-gathers its output back, so the final norm, mHC head,
+  output head, loss and MTP projections see the whole micro-batch as in one process. Attention and dense FFNs
+  all-gather their normed input and reduce-scatter their row-parallel partial output to the slice. The norms'
+  and mHC mappings' gradients are summed over tp (their param_hook); the sequence-balance loss sums each
+  sequence's expert counts over the tp ranks its tokens lie on. Under cp the slices cut the rank's chunks;
 - routed experts: split over ep (expert dim) and etp (hidden dim) as DTensors on the MoE view, dispatched by
   ExpertDispatch, then FSDP2 over edp;
 - context parallelism (cp): each rank holds a head and a tail chunk of every sequence, mla gathers the key
@@ -72,7 +77,13 @@ def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, par
 # --- tensor parallelism ------------------------------------------------------------------------------
 def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, info: Parallelized) -> None:
     """Heads of every attention and the hidden dim of every dense FFN over tp, with sequence parallelism around
-    them: the residual stream, its norms and mHC mappings, and the MoE layers on this rank's token slice."""
+    them: the residual stream, its norms and mHC mappings, and the MoE layers on this rank's token slice (under
+    cp, a slice of the rank's chunks' tokens). The norms' and mHC mappings' gradients are partial sums over the
+    slices: they are summed over tp explicitly (shared_over_tp as their ``param_hook``: one all-reduce of each
+    such parameter's gradient per use in the backward), not by FSDP2 over dp_shard x cp x tp as the router's
+    are, because the mHC mappings run through ``HyperConnection.mappings`` rather than ``forward`` (FSDP2 only
+    gathers around forward) and because sharding them over tp would change the checkpoint, export and plan
+    layout of parameters that stay replicated over tp."""
     tp_mesh = meshes.dense["tp"]
     cp_group = meshes.dense["cp"].get_group() if dims.cp > 1 else None
     trunk = [b for b in model.layers if isinstance(b, Block)]
