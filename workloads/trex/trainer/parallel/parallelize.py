@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -258,8 +258,8 @@ def on_token_slice(module: nn.Module, where: TokenSlice, tp_mesh: Any) -> None:
         y = out[0] if isinstance(out, tuple) else out
         assert isinstance(y, DTensor)  # the row-parallel output (split_by_table keeps it partial)
         d = y.shape[-1]
-        local = y.reshape(where.batch * where.seq, d).redistribute(tp_mesh, [Shard(0)]).to_local()
-        local = local.view(1, where.size, d)
+        flat = cast(DTensor, y.reshape(where.batch * where.seq, d))
+        local = flat.redistribute(tp_mesh, [Shard(0)]).to_local().view(1, where.size, d)
         return (local, *out[1:]) if isinstance(out, tuple) else local
 
     module.register_forward_pre_hook(pre)
