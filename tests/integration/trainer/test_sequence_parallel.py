@@ -1,9 +1,11 @@
 """Sequence parallelism under tp against one process, float64, spawn + gloo: between the attention and FFN GEMMs
 each tp rank holds only its slice of the micro-batch's tokens (the residual stream, its norms and mHC mappings).
 
-- cp2 x tp2 (world 4) on a DeepSeek-V4 model (CSA and HCA layers, sliding MTP block, mHC, a hash-routed layer, a
-  dense layer, the sequence-balance loss and aux-free bias updates): losses and every parameter after 3 optimizer
-  steps equal the single-process run to 1e-10 (the cp chunks are cut first, then the tp slices of a rank's tokens).
+- cp2 x tp2 (world 4) and tp2 under full recompute (the blocks' gathers and reduce-scatters run again in the
+  backward) on a DeepSeek-V4 model (CSA and HCA layers, sliding MTP block, mHC, a hash-routed layer, a dense
+  layer, the sequence-balance loss and aux-free bias updates) at micro-batch 1: losses and every parameter after 3
+  optimizer steps equal the single-process run to 1e-10 (under cp the chunks are cut first, then the tp slices of
+  a rank's tokens).
 - What a tp rank saves for the backward in the blocks' residual path (mHC mappings, norms, the residual adds;
   attention and FFN internals excluded) is about half of one process's at tp 2, and the plan's residual term
   (trex.trainer.plan.residual_bytes) agrees with both.
@@ -25,12 +27,14 @@ from trex.trainer.config import TrainerConfig
 from trex.trainer.loop import Trainer
 
 STEPS = 3
-LAYOUTS = {"cp2xtp2": {"cp": 2, "tp": 2}}
+WORLD2 = {"tp2-recompute": {"tp": 2, "recompute": "full"}}
+WORLD4 = {"cp2xtp2": {"cp": 2, "tp": 2}}
 ACT_SEQ = 128
 
 
-def _raw(ckpt: Path, layout: dict[str, int], seq: int = 32) -> dict[str, Any]:
-    return {
+def _raw(ckpt: Path, layout: dict[str, Any], seq: int = 32) -> dict[str, Any]:
+    layout = dict(layout)
+    return {"recompute": layout.pop("recompute", "none"),
         "model": {"preset": "tiny", "dtype": "fp64", "overrides": {
             "attention": "csa", "hcMult": 2, "mtpDepth": 1, "numLayers": 3, "nDenseLayers": 1, "nHashLayers": 1,
             "qLoraRank": 16, "vHeadDim": 24, "layerTypes": ["sliding", "csa", "hca"], "maxSeqLen": 2 * ACT_SEQ}},
@@ -106,8 +110,7 @@ def _worker(rank: int, world: int, out: str) -> None:
         root = Path(out)
         if world == 2:
             (root / f"residual-tp2-{rank}.json").write_text(json.dumps(residual_saved_bytes(2)))
-            return
-        for name, layout in LAYOUTS.items():
+        for name, layout in (WORLD2 if world == 2 else WORLD4).items():
             losses, state = _run(load_section(TrainerConfig, _raw(root / name, layout)), root, dist.group.WORLD)
             if rank == 0:
                 (root / f"{name}.json").write_text(json.dumps(losses))
@@ -133,7 +136,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], di
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("name", [*WORLD2, *WORLD4])
 def test_sequence_parallel_layout_matches_single_process(
         name: str, runs: Path, reference: tuple[list[float], dict[str, torch.Tensor]]) -> None:
     ref_losses, ref_state = reference
