@@ -1,5 +1,6 @@
-"""Token-split tensor parallelism against one process, float64, spawn + gloo: under tp the MoE layers split each
-micro-batch's tokens (batch x sequence flattened) over the tp ranks, so tp runs at micro-batch 1.
+"""Token-split tensor parallelism against one process, float64, spawn + gloo: under tp each rank holds a slice of
+every micro-batch's tokens (batch x sequence flattened) outside the attention and dense-FFN GEMMs (the residual
+stream, norms, mHC, the MoE layers: sequence parallelism), so tp runs at micro-batch 1.
 
 - tp2 at micro-batch 1 (a sequence's tokens on both tp ranks) and at micro-batch 3 (a sequence cut across the
   two ranks' slices), on a DeepSeek-V4 model (sliding, CSA and HCA layers, mHC, a hash-routed layer, MTP) with

@@ -455,7 +455,8 @@ def _pow2_classes(lo: int, hi: int) -> list[int]:
 def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens: list[int],
                           device: str, tp: int = 1, ep: int = 1, etp: int = 1) -> list[tuple[str, dict[str, int]]]:
     """(kernel, dims) of every dispatched call one rank of a run of this model shape and layout makes: RMSNorm rows
-    are the tokens of a micro-batch (V4's compressed entries: micro-batch x windows), SwiGLU rows the tokens (routed
+    are the tokens of a micro-batch (V4's compressed entries: micro-batch x windows; the blocks' residual norms
+    under tp: the rank's 1/tp of them), SwiGLU rows the tokens (routed
     experts: tokens x experts per token, plus the CPU group padding), half-split RoPE the query and key heads,
     router top-k the tokens, the grouped expert GEMMs the routed rows. Local shard shapes: tp splits the query heads
     and the dense MLP's hidden dim and gives each rank 1/tp of the sequences in MoE layers (router, shared and
@@ -484,6 +485,8 @@ def trainer_kernel_shapes(values: Mapping[str, Any], micro_batch: int, seq_lens:
     for seq in sorted(set(seq_lens)):
         tokens = micro_batch * seq
         norms = [(tokens, c) for c in norm_cols]
+        if tp > 1:  # the residual's norms run on the rank's 1/tp of the tokens (sequence parallelism)
+            norms.append((-(-tokens // tp), hidden))
         for kind, every, dims in (("csa", "csa_compress_every", (head_dim, int(values.get("csa_indexer_dim", 0)))),
                                   ("hca", "hca_compress_every", (head_dim,))):
             if kind in kinds:  # pooled entries: ceil(seq / every) windows per row, one more per packed document

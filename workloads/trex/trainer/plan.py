@@ -280,10 +280,12 @@ def gib(n: float) -> str:
 def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: int, act: int,
                      attention_probs: bool = False, recompute: str = "none") -> int:
     """Saved-for-backward bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (per rank), every
-    block, at ``act`` bytes per element: residual/mHC streams, norms, attention projections (heads / tp),
+    block, at ``act`` bytes per element: residual/mHC streams and norms (:func:`residual_bytes`, on the rank's
+    1/tp of the tokens), attention projections (heads / tp, on the whole micro-batch),
     the attention mask, the CSA compressed keys and lightning-indexer scores, router scores (fp32), routed
     experts (top-k copies, x etp gathered tokens), shared and dense MLPs (the MoE layers' terms on this tp
-    rank's 1/tp of the micro-batch's tokens, trex.trainer.parallel.parallelize), and the fused loss's saved
+    rank's 1/tp of the micro-batch's tokens: sequence parallelism, trex.trainer.parallel.parallelize; the dense
+    MLPs' on the whole micro-batch they gather), and the fused loss's saved
     input and head-weight gradients. ``attention_probs``: SDPA keeps the [H, T, T + S] probabilities (the
     math kernel CPUs run with a mask); accelerators' fused attention keeps only the log-sum-exp.
     ``recompute``: none, selective (the attention and routed experts keep their inputs only; one layer's
@@ -299,9 +301,7 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     csa = v["attention"] == "csa"
     m = g("csa_compress_every")
     s = t // m if csa else 0  # compressed entries per sequence
-    norms = 4 * d * act
-    iters = g("sinkhorn_iters")
-    streams = 2 * (hc * d * (8 + 2 * act) + 8 * iters * (hc * hc + hc)) if hc > 1 else 0
+    residual = residual_bytes(v, lay.tp, 1, act)  # per token of the micro-batch (its 1/tp on this rank)
     q = (2 * ql + 3 * h * qk + (h * qk if csa else 0)) * act
     kv = (2 * kl + rope + (h * (nope + vd) + h * qk) * (1 + s / t)) * act
     attn_out = 2 * h * vd * act + 4 * h + (t + s)  # SDPA output, o_proj input, log-sum-exp, boolean mask
@@ -312,7 +312,7 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
         ih, idim = g("csa_indexer_heads"), g("csa_indexer_dim")
         indexer = (ih * s + ih * idim + ih) * act + 2 * 4 * s + s
     core = q + kv + attn_out + indexer  # inside the attention module: what selective recompute drops
-    attn = norms + streams + core
+    attn = residual + core
     e, k, mi, ns = g("n_routed_experts"), g("experts_per_token"), g("moe_intermediate_size"), g("n_shared_experts")
     moe_tok = n_tok / lay.tp  # the MoE layers' token split
     experts = k * (lay.etp * 2 * d + 3 * mi) * act * moe_tok  # dispatched rows and expert GEMM inputs
@@ -322,24 +322,36 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     n_attn, n_moe = layers + mtp, layers - n_dense + mtp
     if recompute == "full":  # each block's input streams, and one block recomputed at a time
         block = attn * n_tok + (moe if n_moe else dense)
-        total = n_attn * max(hc, 1) * d * act * n_tok + block
+        total = n_attn * max(hc, 1) * d * act * n_tok / lay.tp + block
     elif recompute == "selective":  # the modules' inputs (x; expert indices and weights) instead of their insides
-        kept_attn = (norms + streams + d * act) * n_tok
+        kept_attn = (residual + d * act) * n_tok
         kept_moe = moe - experts + 12 * k * moe_tok
         total = n_attn * kept_attn + n_moe * kept_moe + n_dense * dense + max(core * n_tok, experts if n_moe else 0)
     else:
         total = n_attn * attn * n_tok + n_moe * moe + n_dense * dense
-    total += n_tok * hc * d * act + mtp * n_tok * 4 * d * act  # embedded streams; MTP eh_proj input and norms
+    total += n_tok * hc * d * act / lay.tp + mtp * n_tok * 4 * d * act  # embedded streams (sliced); MTP projections
     total += (1 + mtp) * (n_tok * d * act + vocab * d * act + 2 * n_tok * d * act)  # fused loss + final norms
     return int(total)
+
+
+def residual_bytes(v: Mapping[str, Any], tp: int, tokens: int, act: int) -> float:
+    """Saved-for-backward bytes of one block's residual path for ``tokens`` tokens of a micro-batch, per rank: the
+    two norms (input and normalised value each) and, with mHC, both sublayers' mappings (the flattened streams
+    and their statistics in >= fp32, the Sinkhorn iterations' intermediates, the read and the write). Under tp the
+    residual stream lives on each rank's 1/tp of the tokens (sequence parallelism, trex.trainer.parallel
+    .parallelize), so this divides by tp."""
+    d, hc, iters = int(v["hidden_size"]), int(v["hc_mult"]), int(v["sinkhorn_iters"])
+    norms = 4 * d * act
+    streams = 2 * (hc * d * (8 + 2 * act) + 8 * iters * (hc * hc + hc)) if hc > 1 else 0
+    return (norms + streams) * tokens / tp
 
 
 def offload_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: int, act: int) -> tuple[int, int]:
     """trainer.activationOffload under recompute full: (bytes of every block's input, which move to host memory;
     bytes of the two of them in flight on the device: the one the backward recomputes and the one prefetched,
     or in the forward the one being copied out while the next is saved). A block input is the residual (the mHC
-    streams) of the micro-batch's tokens on this rank, as :func:`activation_bytes` counts it."""
-    per_block = max(int(v["hc_mult"]), 1) * int(v["hidden_size"]) * act * micro_batch * seq_len
+    streams) of the micro-batch's tokens on this rank (1/tp of them under tp), as :func:`activation_bytes` counts it."""
+    per_block = max(int(v["hc_mult"]), 1) * int(v["hidden_size"]) * act * micro_batch * seq_len // lay.tp
     n_blocks = int(v["num_layers"]) + int(v["mtp_depth"])
     return n_blocks * per_block, min(2, n_blocks) * per_block
 

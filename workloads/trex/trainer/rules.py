@@ -148,15 +148,16 @@ def parallelism_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
 
 
 def tp_token_problems(cfg: TrainerConfig, tp: int) -> list[Problem]:
-    """What the MoE layers' token split needs of ``tp``: every micro-batch's tokens divide by it. The language-model
-    modes' micro-batches are microBatchSize x seqLen tokens (each curriculum stage's too; under cp a rank holds 1/cp
-    of them); the sampling modes' rows are as long as their longest response, so there tp divides the rows
-    (microBatchSize; rl_layout_problems checks a rank's responses)."""
-    m = cfg.model.args
-    if tp == 1 or (m.num_layers == m.n_dense_layers and m.mtp_depth == 0):
+    """What sequence parallelism needs of ``tp`` (each tp rank holds a slice of every micro-batch's tokens outside
+    the attention and dense-FFN GEMMs: the residual stream, norms, mHC and the MoE layers; trex.trainer.parallel
+    .parallelize): every micro-batch's tokens divide by it. The language-model modes' micro-batches are
+    microBatchSize x seqLen tokens (each curriculum stage's too; under cp a rank holds 1/cp of them); the sampling
+    modes' rows are as long as their longest response, so there tp divides the rows (microBatchSize;
+    rl_layout_problems checks a rank's responses)."""
+    if tp == 1:
         return []
     mb, cp = cfg.data.micro_batch_size, cfg.parallelism.cp
-    why = "(the MoE layers split each micro-batch's tokens over the tp ranks)"
+    why = "(each tp rank holds a slice of every micro-batch's tokens: sequence parallelism)"
     if cfg.mode in ("grpo", "opd"):
         if mb % tp:
             return [("parallelism.tp", f"tp={tp} does not divide data.microBatchSize {mb}: mode {cfg.mode}'s "
@@ -242,12 +243,11 @@ def rl_layout_problems(cfg: TrainerConfig, world_size: int) -> list[Problem]:
     out: list[Problem] = []
     if p.tp > 1:
         m = cfg.model.args
-        has_moe = m.num_layers > m.n_dense_layers
         per_rank = prompts // dp * samples
-        if has_moe and per_rank % p.tp:
+        if per_rank % p.tp:
             out.append((f"{section}.{name}", f"each data-parallel rank trains on promptsPerStep / dp x {name} = "
-                        f"{per_rank} responses, not a multiple of tp={p.tp} (the MoE layers split each "
-                        "micro-batch's tokens over the tp ranks, whole responses per rank: their lengths vary)"))
+                        f"{per_rank} responses, not a multiple of tp={p.tp} (each tp rank holds a slice of every "
+                        "micro-batch's tokens, whole responses per rank: their lengths vary)"))
         if cfg.mode == "opd" and m.vocab_size % p.tp:
             out.append(("parallelism.tp", f"tp={p.tp} does not divide the vocabulary {m.vocab_size} (mode opd's KL "
                         "shards the vocabulary over tp)"))

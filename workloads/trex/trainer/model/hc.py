@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trex.trainer.model.layers import unit_rms, upcast
+from trex.trainer.model.layers import ParamHook, same, unit_rms, upcast
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, eps: float = 1e-6) -> torch.Tensor:
@@ -46,6 +46,8 @@ class HyperConnection(nn.Module):
         self.fn = nn.Parameter(torch.empty((2 + n) * n, n * dim))
         self.base = nn.Parameter(torch.empty((2 + n) * n))
         self.scale = nn.Parameter(torch.empty(3))
+        self.param_hook: ParamHook = same
+        """Applied to fn, base and scale at each use (see trex.trainer.model.layers.ParamHook)."""
 
     def static_base(self) -> torch.Tensor:
         """The initial bias (host): near a plain residual, H_pre ~ 1/n, H_post ~ 1, H_res diagonal-heavy."""
@@ -55,11 +57,12 @@ class HyperConnection(nn.Module):
     def mappings(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, n, D] -> (H_pre [B, T, n], H_post [B, T, n], H_res [B, T, n, n]) in >= fp32."""
         b, t, n, _ = x.shape
+        fn, base, scale = (self.param_hook(p) for p in (self.fn, self.base, self.scale))
         flat = unit_rms(upcast(x.reshape(b, t, -1)), self.eps)
-        proj = F.linear(flat, self.fn.to(flat.dtype))
+        proj = F.linear(flat, fn.to(flat.dtype))
         p_pre, p_post, p_res = torch.split(proj, [n, n, n * n], dim=-1)
-        b_pre, b_post, b_res = torch.split(self.base.to(flat.dtype), [n, n, n * n])
-        s = self.scale.to(flat.dtype)
+        b_pre, b_post, b_res = torch.split(base.to(flat.dtype), [n, n, n * n])
+        s = scale.to(flat.dtype)
         h_pre = torch.sigmoid(p_pre * s[0] + b_pre) + self.hc_eps
         h_post = 2 * torch.sigmoid(p_post * s[1] + b_post)
         h_res = sinkhorn(p_res.view(b, t, n, n) * s[2] + b_res.view(n, n), self.iters, self.hc_eps)

@@ -14,6 +14,17 @@ trainer.kernels.registry; each returns None when it has no kernel for the call's
 and the eager code runs ("router" returns the pair (weights, indices))."""
 
 
+def same(t: torch.Tensor) -> torch.Tensor:
+    """The identity: what the ``param_hook`` seams of the norms and mHC mappings do in one process."""
+    return t
+
+
+ParamHook = Callable[[torch.Tensor], torch.Tensor]
+"""Applied to a parameter at each use: the identity (:func:`same`) unless a parallel layer installs one (under
+tensor parallelism the residual's norms and mHC mappings run on a token slice, so trex.trainer.parallel
+.parallelize makes the hook sum their gradients over the tp ranks)."""
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The rank-local part of a tensor: a DTensor's local shard (parameters the parallel layer distributed),
     the tensor itself otherwise."""
@@ -38,20 +49,23 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.scale_in_fp32 = scale_in_fp32
         self.weight = nn.Parameter(torch.ones(dim))
+        self.param_hook: ParamHook = same
+        """Applied to the weight at each use (see :data:`ParamHook`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.param_hook(self.weight)
         tuned = TUNED.get("rmsnorm")
-        if tuned is not None and (out := tuned(x, self.weight, self.eps)) is not None:
+        if tuned is not None and (out := tuned(x, weight, self.eps)) is not None:
             return out
         dtype = x.dtype
-        if dtype == torch.float32 and self.weight.dtype == torch.float32:
+        if dtype == torch.float32 and weight.dtype == torch.float32:
             # one fused op, same math as the reference below (fp32 throughout)
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         h = upcast(x)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.scale_in_fp32:
-            return (self.weight * h).to(dtype)
-        return self.weight * h.to(dtype)
+            return (weight * h).to(dtype)
+        return weight * h.to(dtype)
 
 
 def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:

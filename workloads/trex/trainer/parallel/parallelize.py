@@ -10,10 +10,15 @@ trex.trainer.parallel.placement, which the memory plan reads too):
   shared by every head (MLA's rotary key, V4's key/value entries) sum their gradients over tp; the
   indexer's head-mean target is averaged over tp;
 - dense FFNs: gate/up column-parallel, down row-parallel;
-- MoE layers: each tp rank takes a contiguous 1/tp of the micro-batch's tokens (batch x sequence flattened;
-  the inputs are replicated over tp), so inside an MoE layer every rank of the world holds different tokens
-  and micro-batch 1 splits too; the outputs are all-gathered back, and the sequence-balance loss sums each
-  sequence's expert counts over the tp ranks its tokens lie on;
+- sequence parallelism: between those GEMMs each tp rank holds a contiguous 1/tp of the micro-batch's tokens
+  (batch x sequence flattened): the residual stream (or mHC streams), its norms and mHC mappings, and the MoE
+  layers (router, dispatch, routed and shared experts), so micro-batch 1 splits too and every rank of the world
+  holds different tokens inside an MoE layer. The first trunk block (and every MTP block) cuts its input to the
+  slice, the last trunk block (and every MTP block) all-gathers its output back, so the final norm, mHC head,
+  output head, loss and MTP projections see the whole micro-batch as in one process. Attention and dense FFNs
+  all-gather their normed input and reduce-scatter their row-parallel partial output to the slice. The norms'
+  and mHC mappings' gradients are summed over tp (their param_hook); the sequence-balance loss sums each
+  sequence's expert counts over the tp ranks its tokens lie on. Under cp the slices cut the rank's chunks;
 - routed experts: split over ep (expert dim) and etp (hidden dim) as DTensors on the MoE view, dispatched by
   ExpertDispatch, then FSDP2 over edp;
 - context parallelism (cp): each rank holds a head and a tail chunk of every sequence, mla gathers the key
@@ -24,16 +29,17 @@ trex.trainer.parallel.placement, which the memory plan reads too):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from trex.trainer.model.attention import MLAttention
-from trex.trainer.model.layers import MLP
-from trex.trainer.model.model import DeepSeekModel, blocks
+from trex.trainer.model.layers import MLP, ParamHook
+from trex.trainer.model.model import Block, DeepSeekModel, blocks
 from trex.trainer.model.moe import MoE
 from trex.trainer.model.v4attention import V4Attention
 from trex.trainer.parallel.context import apply_context_parallel
@@ -70,9 +76,23 @@ def parallelize(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, *, par
 
 # --- tensor parallelism ------------------------------------------------------------------------------
 def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Meshes, info: Parallelized) -> None:
-    """Heads of every attention and the hidden dim of every dense FFN over tp; MoE layers split the tokens."""
+    """Heads of every attention and the hidden dim of every dense FFN over tp, with sequence parallelism around
+    them: the residual stream, its norms and mHC mappings, and the MoE layers on this rank's token slice (under
+    cp, a slice of the rank's chunks' tokens). The norms' and mHC mappings' gradients are partial sums over the
+    slices: they are summed over tp explicitly (shared_over_tp as their ``param_hook``: one all-reduce of each
+    such parameter's gradient per use in the backward), not by FSDP2 over dp_shard x cp x tp as the router's
+    are, because the mHC mappings run through ``HyperConnection.mappings`` rather than ``forward`` (FSDP2 only
+    gathers around forward) and because sharding them over tp would change the checkpoint, export and plan
+    layout of parameters that stay replicated over tp."""
     tp_mesh = meshes.dense["tp"]
+    cp_group = meshes.dense["cp"].get_group() if dims.cp > 1 else None
+    trunk = [b for b in model.layers if isinstance(b, Block)]
     for block in blocks(model):
+        where = TokenSlice(tp_mesh.get_local_rank(), dims.tp)
+        first_or_mtp = block is trunk[0] or block not in trunk
+        block.register_forward_pre_hook(enter_block(where, tp_mesh, split=first_or_mtp))
+        if block is trunk[-1] or block not in trunk:
+            block.register_forward_hook(leave_block(where, tp_mesh))
         attn = block.self_attn
         if isinstance(attn, V4Attention):
             tensor_parallel_v4(attn, tp_mesh, dims.tp)
@@ -80,23 +100,32 @@ def apply_tensor_parallel(model: DeepSeekModel, dims: ParallelDims, meshes: Mesh
             assert isinstance(attn, MLAttention)
             split_by_table(attn, tp_mesh)
             share_rope_key(attn, tp_mesh)
+        on_token_slice(attn, where, tp_mesh)
         if isinstance(block.mlp, MLP):
             split_by_table(block.mlp, tp_mesh)
+            on_token_slice(block.mlp, where, tp_mesh)
         else:
-            split_moe_tokens(block.mlp, meshes.dense, dims.tp, dims.cp)
+            moe_on_slice(block.mlp, where, tp_mesh, cp_group, dims.cp)
+        sum_over_tp: ParamHook = functools.partial(shared_over_tp, tp_mesh=tp_mesh)
+        for mod in (block.input_layernorm, block.post_attention_layernorm):
+            mod.param_hook = sum_over_tp
+        if block.hc > 1:
+            block.hc_attn.param_hook = block.hc_ffn.param_hook = sum_over_tp
 
 
 def split_by_table(module: nn.Module, tp_mesh: Any) -> None:
     """Split ``module``'s parameters over tp as the placement table (trex.trainer.parallel.placement) says:
-    colwise/rowwise children through parallelize_module, shard0 parameters distributed as Shard(0)."""
-    from torch.distributed.tensor import Shard, distribute_tensor
+    colwise/rowwise children through parallelize_module, shard0 parameters distributed as Shard(0). Row-parallel
+    outputs stay partial sums (DTensors), which :func:`on_token_slice` reduce-scatters to the token slice."""
+    from torch.distributed.tensor import Partial, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.distributed.tensor.parallel.style import ParallelStyle
 
     table = TP_TABLE[type(module).__name__]
     plan: dict[str, ParallelStyle] = {
-        name: ColwiseParallel() if style == "colwise" else RowwiseParallel() for name, style in table.items()
-        if style != "shard0" and isinstance(getattr(module, name, None), nn.Module)}
+        name: ColwiseParallel() if style == "colwise" else RowwiseParallel(output_layouts=Partial(),
+                                                                           use_local_output=False)
+        for name, style in table.items() if style != "shard0" and isinstance(getattr(module, name, None), nn.Module)}
     parallelize_module(module, tp_mesh, plan)
     for path, style in table.items():
         if style == "shard0":
@@ -108,7 +137,7 @@ def split_by_table(module: nn.Module, tp_mesh: Any) -> None:
 
 def shared_over_tp(t: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
     """Identity whose backward sums the gradient over tp: for a replicated tensor that every rank's heads
-    (a part of all heads) read, so each rank holds part of its gradient."""
+    (a part of all heads) or tokens (a slice of the micro-batch) read, so each rank holds part of its gradient."""
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
     return DTensor.from_local(t, tp_mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
@@ -148,16 +177,93 @@ def share_rope_key(attn: MLAttention, tp_mesh: Any) -> None:
 
 
 class TokenSlice:
-    """Where a tp rank's token slice lies in the micro-batch an MoE layer was called on: ``batch`` rows of
-    ``seq`` tokens, flattened, of which this rank holds ``size`` tokens from ``start``. Set by the layer's
-    pre-hook on every call (a recomputed forward sets the same values) and read by its balance loss."""
+    """Where a tp rank's token slice lies in the micro-batch a block was called on: ``batch`` rows of ``seq``
+    tokens, flattened, of which this rank holds ``size`` tokens from ``start``. Set by the block's pre-hook on
+    every call (a recomputed forward runs inside the call, with the same values) and read by the hooks of its
+    attention, dense FFN and MoE layer (the balance loss)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int, tp: int) -> None:
+        self.rank, self.tp = rank, tp
         self.batch = self.seq = self.start = self.size = 0
+
+    def place(self, batch: int, seq: int) -> None:
+        """Record a call on ``batch`` x ``seq`` tokens (they must divide by tp: trex.trainer.rules checks them)."""
+        if (batch * seq) % self.tp:
+            raise ValueError(f"a micro-batch of {batch} x {seq} = {batch * seq} tokens does not split over "
+                             f"tp={self.tp} ranks (each tp rank holds a slice of the micro-batch's tokens)")
+        self.batch, self.seq, self.size = batch, seq, batch * seq // self.tp
+        self.start = self.rank * self.size
 
     def rows(self, device: torch.device) -> torch.Tensor:
         """The micro-batch row (sequence) of each of this rank's tokens [size]."""
         return torch.arange(self.start, self.start + self.size, device=device) // self.seq
+
+
+def to_slice(x: torch.Tensor, where: TokenSlice, tp_mesh: Any) -> torch.Tensor:
+    """[B, T, ...] replicated over tp -> this rank's tokens [1, size, ...] (batch x sequence flattened; DTensor
+    Replicate -> Shard(0): a local slice, whose backward all-gathers the slices' gradients)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    rest = x.shape[2:]
+    local = DTensor.from_local(x.reshape(where.batch * where.seq, *rest), tp_mesh, [Replicate()],
+                               run_check=False).redistribute(tp_mesh, [Shard(0)]).to_local()
+    return local.view(1, where.size, *rest)
+
+
+def to_whole(x: torch.Tensor, where: TokenSlice, tp_mesh: Any) -> torch.Tensor:
+    """This rank's tokens [1, size, ...] -> the whole micro-batch [B, T, ...] on every tp rank (DTensor Shard(0) ->
+    Replicate: an all-gather, whose backward keeps this rank's slice of the gradient: the gradient arriving is
+    already whole and equal on every tp rank, so summing it over tp would count it tp times)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    rest = x.shape[2:]
+    whole = DTensor.from_local(x.reshape(where.size, *rest), tp_mesh, [Shard(0)], run_check=False).redistribute(
+        tp_mesh, [Replicate()]).to_local()
+    return whole.view(where.batch, where.seq, *rest)
+
+
+def enter_block(where: TokenSlice, tp_mesh: Any, split: bool) -> Callable[..., tuple[Any, ...]]:
+    """A block's pre-hook: record the micro-batch's shape (from the token ids [B, T]); ``split`` (the first
+    trunk block and every MTP block, whose input is whole) cuts the input to this rank's token slice."""
+    def pre(_mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x, ctx, token_ids = args
+        where.place(*token_ids.shape)
+        return (to_slice(x, where, tp_mesh) if split else x), ctx, token_ids
+
+    return pre
+
+
+def leave_block(where: TokenSlice, tp_mesh: Any) -> Callable[..., tuple[Any, ...]]:
+    """A block's post-hook (the last trunk block, every MTP block): its output back to the whole micro-batch,
+    so the final norm, mHC head, output head, loss and MTP modules see what one process does."""
+    def post(_mod: nn.Module, _args: tuple[Any, ...], out: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (to_whole(out[0], where, tp_mesh), *out[1:])
+
+    return post
+
+
+def on_token_slice(module: nn.Module, where: TokenSlice, tp_mesh: Any) -> None:
+    """Run a tensor-parallel ``module`` (attention, dense FFN) between token slices: its input (the normed
+    slice) is all-gathered to the whole micro-batch before the column-parallel GEMMs (backward: this rank's
+    slice of a gradient every rank holds whole), and its row-parallel output, a partial sum, is reduce-scattered
+    to the slice (backward: an all-gather). Per layer and token of hidden size D that is (tp - 1) / tp x D
+    values gathered and (tp - 1) / tp x D reduce-scattered forward, one all-gather of the output gradient and the
+    column-parallel inputs' gradient all-reduce backward (as without the slices)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    def pre(_mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (to_whole(args[0], where, tp_mesh), *args[1:])
+
+    def post(_mod: nn.Module, _args: tuple[Any, ...], out: Any) -> Any:
+        y = out[0] if isinstance(out, tuple) else out
+        assert isinstance(y, DTensor)  # the row-parallel output (split_by_table keeps it partial)
+        d = y.shape[-1]
+        flat = cast(DTensor, y.reshape(where.batch * where.seq, d))
+        local = flat.redistribute(tp_mesh, [Shard(0)]).to_local().view(1, where.size, d)
+        return (local, *out[1:]) if isinstance(out, tuple) else local
+
+    module.register_forward_pre_hook(pre)
+    module.register_forward_hook(post)
 
 
 def token_balance_share(where: TokenSlice, tp_group: Any, cp_group: Any,
@@ -187,42 +293,26 @@ def token_balance_share(where: TokenSlice, tp_group: Any, cp_group: Any,
     return loss
 
 
-def split_moe_tokens(moe: MoE, dense: Any, tp: int, cp: int) -> None:
-    """Inputs arrive replicated over tp: each tp rank runs the MoE layer (router, dispatch, routed and shared
-    experts) on its contiguous 1/tp of the micro-batch's tokens, batch x sequence flattened (forward: slice,
-    backward: all-gather), and the outputs are all-gathered (backward: slice). The token count must divide by
-    tp (trex.trainer.rules checks microBatchSize x seqLen). The balance loss becomes this rank's share
-    (token_balance_share), summed over tp in the forward (backward identity). Expert counts stay this rank's
-    tokens'; the bias update sums them over the world, so every token counts once."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+def moe_on_slice(moe: MoE, where: TokenSlice, tp_mesh: Any, cp_group: Any, cp: int) -> None:
+    """An MoE layer under tp runs on the block's token slice as it arrives (router, dispatch, routed and shared
+    experts see only this rank's tokens, so every rank of the world holds different tokens); its token ids are
+    cut to the same slice. The balance loss becomes this rank's share (token_balance_share), summed over tp in
+    the forward (backward identity). Expert counts stay this rank's tokens'; the bias update sums them over the
+    world, so every token counts once."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    tp_mesh = dense["tp"]
-    rank = tp_mesh.get_local_rank()
-    where = TokenSlice()
-    cp_group = dense["cp"].get_group() if cp > 1 else None
     moe.balance_loss = token_balance_share(where, tp_mesh.get_group(), cp_group, cp)  # covers cp's share too
 
     def pre(_mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x, token_ids = args
-        b, t, d = x.shape
-        if (b * t) % tp:
-            raise ValueError(f"a micro-batch of {b} x {t} = {b * t} tokens does not split over tp={tp} ranks "
-                             "(the MoE layers split each micro-batch's tokens over the tp ranks)")
-        where.batch, where.seq, where.size = b, t, b * t // tp
-        where.start = rank * where.size
-        x_local = DTensor.from_local(x.reshape(b * t, d), tp_mesh, [Replicate()], run_check=False).redistribute(
-            tp_mesh, [Shard(0)]).to_local()
         ids = token_ids.reshape(-1)[where.start:where.start + where.size]
-        return x_local.view(1, where.size, d), ids.view(1, where.size)
+        return x, ids.view(1, where.size)
 
     def post(_mod: nn.Module, _args: tuple[Any, ...], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         y, balance, counts = out
-        d = y.shape[-1]
-        y_full = DTensor.from_local(y.reshape(-1, d), tp_mesh, [Shard(0)], run_check=False).redistribute(
-            tp_mesh, [Replicate()]).to_local()
         bal = DTensor.from_local(balance, tp_mesh, [Partial()], run_check=False).redistribute(
             tp_mesh, [Replicate()]).to_local()
-        return y_full.view(where.batch, where.seq, d), bal, counts
+        return y, bal, counts
 
     moe.register_forward_pre_hook(pre)
     moe.register_forward_hook(post)
