@@ -199,7 +199,7 @@ class TeacherPool:
             self._cache_hidden(g, input_ids, length)
 
     def _rows(self, n: int) -> int:
-        """Rows of a teacher forward for ``n`` samples: a multiple of tp (the MoE layers split rows over tp)."""
+        """Rows of a teacher forward for ``n`` samples: a multiple of tp (sequence parallelism splits its tokens over tp)."""
         tp = self.layout.dims.tp if self.layout is not None else 1
         return -(-n // tp) * tp
 
