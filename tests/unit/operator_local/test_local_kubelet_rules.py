@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 from trex_operator.local.kubelet import (
     JOB_INDEX_ANNOTATION,
+    VLLM_CLI,
     PodAddress,
     Probe,
     bind_pod_ip,
@@ -236,8 +237,8 @@ def test_vllm_images_run_their_entrypoint_from_the_vllm_environment() -> None:
     assert container_argv({"image": "vllm/vllm-openai", "command": ["vllm", "serve"], "args": ["/m"]}) == \
         ["vllm", "serve", "/m"]
     py, vpy = "/venv/bin/python", "/vllm/bin/python"
-    assert resolve_command(["vllm", "serve", "/m", "vllm"], py, vpy) == \
-        [vpy, "-m", "vllm.entrypoints.cli.main", "serve", "/m", "vllm"]
+    assert resolve_command(["vllm", "serve", "/m", "vllm"], py, vpy) == [vpy, "-c", VLLM_CLI, "serve", "/m", "vllm"]
+    assert "ServeSubcommand" in VLLM_CLI
     assert resolve_command(["python", "-m", "vllm.entrypoints.openai.api_server"], py, vpy) == \
         [vpy, "-m", "vllm.entrypoints.openai.api_server"]
     assert resolve_command(["vllm", "serve"], py) == ["vllm", "serve"]  # not a vLLM container: left alone
@@ -297,7 +298,7 @@ def test_run_probe_against_a_real_socket() -> None:
     import threading
 
     class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_GET(self) -> None:
             self.send_response(200 if self.path == "/health" else 503)
             self.end_headers()
 

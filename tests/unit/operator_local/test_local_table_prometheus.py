@@ -132,3 +132,12 @@ def test_vllm_rollouts_add_servers_and_stay_valid() -> None:
         assert container_argv({"image": ev["server"]["image"], "args": args})[:2] == ["vllm", "serve"]
     with pytest.raises(ValueError, match="--rollouts 'gpu'"):
         rollout_overrides(plain[0], "gpu")
+
+
+def test_the_vllm_eval_server_takes_the_export_as_its_model() -> None:
+    """The operator appends the export's folder to the server's args: it must land as --model's value (vllm serve
+    refuses a trailing positional model next to --served-model-name)."""
+    from trex_operator.demo import rollout_overrides
+
+    [ev] = [d for d in load_quickstart(REPO / "examples", quick=True) if d["kind"] == "EvalJob"]
+    assert rollout_overrides(ev, "vllm")["spec"]["server"]["args"][-1] == "--model"
