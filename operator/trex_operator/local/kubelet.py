@@ -4,25 +4,34 @@ It polls the API (the kmock emulator in `trex demo`), and for each pod:
 
 - gives it its own loopback address 127.x.y.N (the whole 127/8 is loopback on Linux), reported as
   ``status.podIP``; a headless-service name in MASTER_ADDR (``<hostname>.<subdomain>...``) is resolved
-  to the IP of the pod with that hostname and subdomain;
+  to the IP of the pod with that hostname and subdomain, and every cluster DNS name (``....svc``) in its
+  env, args and mounted ConfigMap files to the pod it names (a Service's: one its selector picks); a
+  server binding ``0.0.0.0`` binds the pod IP;
 - materialises its volumes as folders (configMap -> files written from the ConfigMap; hostPath -> a
   folder under the work dir, shared by every pod naming the same host path; emptyDir and the rest ->
   a per-pod folder). A process cannot see ``/output`` or ``/etc/trex``, so every mount path is mapped
   to its folder by rewriting path prefixes in the command, args, env values and mounted config files;
   the trex mount points without a volume (``/output``, ``/data``, ``/checkpoints``) map to the pod's
   own ``rootfs/`` folder (the container's writable layer), so nothing is written to the host's root;
-- runs the container command with ``trex``/``python`` resolved to this interpreter, the env contract
+- runs the container command with ``trex``/``python`` resolved to this interpreter (a vLLM image's
+  ``python`` and ``vllm serve``, its entrypoint when there is no command, to the project's vLLM
+  environment), the env contract
   honoured (``valueFrom.fieldRef``), TREX_METRICS_ADDR = the pod IP (the exporter binds it) and
   TREX_TERMINATION_PATH = a local file whose content becomes the termination message;
-- reports Pending -> Running -> Succeeded/Failed through the status subresource, and kills the
+- reports Pending -> Running -> Succeeded/Failed through the status subresource, Ready from its
+  readinessProbe (httpGet or tcpSocket, polled every periodSeconds), restarts an exited container of a
+  restartPolicy Always pod after the kubelet's back-off (CrashLoopBackOff meanwhile), and kills the
   process group when the pod is deleted;
 - schedules by CPU: the node has os.cpu_count() CPUs, a pod reserves its cpu request (1 without one)
   and stays Pending while the others hold the CPUs, so timing-sensitive work is not oversubscribed.
 
 The Job controller part creates the pods of batch Jobs (Indexed ones with JOB_COMPLETION_INDEX),
 honours parallelism, completions, backoffLimit and backoffLimitPerIndex, and writes the Job's status
-(active, succeeded, failed, completed/failed indexes, Complete/Failed conditions). Deployments are
-not started (the quickstart's EvalJob has no model server; `trex demo` refuses a TrainJob's rollout.server).
+(active, succeeded, failed, completed/failed indexes, Complete/Failed conditions). The Deployment
+controller part keeps ``spec.replicas`` pods of a Deployment's current template (the operator's model
+servers: a TrainJob's rollout.server, an EvalJob's server), replaces pods of an older template, and
+writes readyReplicas / availableReplicas and the Available condition; a deleted Deployment's pods go with it
+(the API server's garbage collection) and their processes are killed.
 """
 
 from __future__ import annotations
