@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trex-installed
 PYTEST_ARGS ?=
 
-.PHONY: all demo learn test lint typecheck unit crds bench clean images prometheus bubblewrap
+.PHONY: all demo demo-vllm learn test lint typecheck unit crds bench clean images prometheus bubblewrap
 
 all: test
 
@@ -68,6 +68,10 @@ crds: $(STAMP)
 
 demo: $(STAMP) prometheus bubblewrap
 	$(VENV)/bin/trex demo
+
+# The quickstart with GRPO, OPD and the EvalJob on vLLM servers the local kubelet runs from .venv-vllm.
+demo-vllm: $(STAMP) prometheus bubblewrap $(VLLM_VENV)/.installed
+	TREX_VLLM_VENV=$(VLLM_VENV) $(VENV)/bin/trex demo --rollouts vllm
 
 # The OR loop's CPU learning run, one seed (benchmarks/or_loop_learning.py; --seeds 0,1,2 for the report's three).
 learn: $(STAMP) bubblewrap

@@ -25,12 +25,14 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+from trex.vllm_cpu import NATIVE_ROPE
 
 from trex_operator.api import API_VERSION, GROUP, KIND_INFO, VERSION
 from trex_operator.local.table import all_terminal, job_row, plain_table, rich_table
@@ -99,7 +101,50 @@ def quick_overrides(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_quickstart(examples: Path, quick: bool) -> list[dict[str, Any]]:
+ROLLOUT_ENGINES = ("inprocess", "vllm")
+"""Where the quickstart's GRPO and OPD sample and its EvalJob generates (``trex demo --rollouts``)."""
+VLLM_CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0"
+"""vLLM's CPU release image (entrypoint ``vllm serve``); the local kubelet runs it from the project's .venv-vllm
+(vllm-cpu 0.32.0, scripts/vllm-venv.sh)."""
+VLLM_CPU_ARGS = ["--enforce-eager", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(256 << 20)]
+"""A CPU server of the quickstart's model: no graph capture (its start is what counts here), contexts of the
+model's 2048 positions, a 256 MiB KV cache (MLA's 576-value latent per token and layer: 2048 x 2 layers x 2.3 kB
+is 9.4 MB a sequence) instead of vLLM's default share of host memory."""
+VLLM_SERVER_CPU = "500m"
+"""CPU a quickstart server reserves on the local node: it is busy only while a rollout or an evaluation runs,
+and on a 2-core machine a whole core each would leave the trainer that feeds it no core to start on."""
+
+
+def rollout_overrides(doc: dict[str, Any], engine: str) -> dict[str, Any]:
+    """A copy of a quickstart job that samples on ``engine``. ``vllm``: GRPO and OPD TrainJobs get
+    ``spec.rollout.server`` (a CPU vLLM Deployment the operator renders, fed a weight push every step) and the
+    EvalJob serves quickstart-train's export with a vLLM ``server`` and evaluates through it (model kind
+    ``openai``, same sampling). ``inprocess``: the manifest as written."""
+    if engine not in ROLLOUT_ENGINES:
+        raise ValueError(f"--rollouts {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
+    out = copy.deepcopy(doc)
+    if engine == "inprocess":
+        return out
+    spec = out.get("spec") or {}
+    kind = out.get("kind")
+    resources = {"requests": {"cpu": VLLM_SERVER_CPU}}
+    if kind == "TrainJob" and (spec.get("trainer") or {}).get("mode") in ("grpo", "opd"):
+        spec["rollout"] = {"server": {"image": VLLM_CPU_IMAGE, "args": list(VLLM_CPU_ARGS), "resources": resources}}
+    elif kind == "EvalJob" and spec.get("modelFrom"):
+        name = str(spec["modelFrom"]["name"])
+        model = spec["evaluation"]["model"]
+        spec["evaluation"]["model"] = {"kind": "openai", "name": name,
+                                       **({"sampling": model["sampling"]} if "sampling" in model else {})}
+        # the served name the eval requests use; RoPE in PyTorch (vllm-cpu 0.32's kernel misrotates MLA's query,
+        # trex.vllm_cpu.NATIVE_ROPE); the operator appends the export's folder, here the value of --model (vllm serve
+        # takes the model first or as --model, never as a trailing positional)
+        spec["server"] = {"image": VLLM_CPU_IMAGE, "port": 8000, "resources": resources, "args": [
+            "--served-model-name", name, "--host", "0.0.0.0", "--port", "8000", "--dtype", "float32",
+            *VLLM_CPU_ARGS, "--compilation-config", NATIVE_ROPE, "--model"]}
+    return out
+
+
+def load_quickstart(examples: Path, quick: bool, rollouts: str = "inprocess") -> list[dict[str, Any]]:
     """The quickstart jobs in apply order, each validated (ValueError naming every problem)."""
     from trex_operator.validate import check_document, load_documents
 
@@ -107,7 +152,7 @@ def load_quickstart(examples: Path, quick: bool) -> list[dict[str, Any]]:
     problems: list[str] = []
     for f in sorted((examples / "quickstart").glob("*.yaml")):
         for i, doc in enumerate(load_documents(f.read_text(encoding="utf-8"))):
-            doc = quick_overrides(doc) if quick else doc
+            doc = rollout_overrides(quick_overrides(doc) if quick else doc, rollouts)
             checked = check_document(str(f), i, doc)
             problems += [p.line() for p in checked.problems]
             docs.append(doc)
@@ -117,19 +162,6 @@ def load_quickstart(examples: Path, quick: bool) -> list[dict[str, Any]]:
         raise ValueError(f"no manifests in {examples / 'quickstart'}")
     rank = {k: i for i, k in enumerate(APPLY_ORDER)}
     return sorted(docs, key=lambda d: rank.get(str(d.get("kind")), len(rank)))
-
-
-def local_runner_problem(docs: list[dict[str, Any]]) -> str | None:
-    """One line when a job needs what the local kubelet does not run: it starts pods as processes, not
-    Deployments, so a TrainJob's spec.rollout.server would never become ready there."""
-    for doc in docs:
-        spec = doc.get("spec")
-        rollout = spec.get("rollout") if isinstance(spec, dict) else None
-        if doc.get("kind") == "TrainJob" and isinstance(rollout, dict) and rollout.get("server"):
-            name = (doc.get("metadata") or {}).get("name")
-            return (f"TrainJob/{name}: spec.rollout.server: the local runner runs pods as processes and starts no "
-                    "Deployments; run it with --cluster, or set trainer.rollout.servers to vLLM servers you started")
-    return None
 
 
 def prepare_work_dir(work_dir: Path) -> None:
@@ -315,8 +347,10 @@ def oracle_lines(docs: list[dict[str, Any]], work_dir: Path) -> list[str]:
 class KubeletThread:
     """The local kubelet on its own event loop and thread."""
 
-    def __init__(self, url: str, work_dir: Path, on_targets: Callable[[list[tuple[str, dict[str, str]]]], None]) -> None:
+    def __init__(self, url: str, work_dir: Path, on_targets: Callable[[list[tuple[str, dict[str, str]]]], None],
+                 vllm_python: str | None = None) -> None:
         self.url = url
+        self.vllm_python = vllm_python
         self.work_dir = work_dir
         self.on_targets = on_targets
         self.kubelet: Any = None
@@ -332,7 +366,7 @@ class KubeletThread:
         from trex_operator.local.kubelet import LocalKubelet
 
         kube = Kube(Connection(server=self.url), retries=3, backoff_s=0.1, user_agent="trex-local-kubelet")
-        self.kubelet = LocalKubelet(kube, self.work_dir, on_targets=self.on_targets)
+        self.kubelet = LocalKubelet(kube, self.work_dir, on_targets=self.on_targets, vllm_python=self.vllm_python)
         self._loop = asyncio.get_running_loop()
         self._ready.set()
         try:
@@ -359,6 +393,23 @@ def _http_json(method: str, url: str, body: Any = None) -> dict[str, Any]:
     with urllib.request.urlopen(req, timeout=10) as resp:
         out: dict[str, Any] = json.loads(resp.read().decode() or "{}")
         return out
+
+
+def scale_chart_operator(url: str, namespace: str) -> list[str]:
+    """Scale the chart's operator Deployment to 0 replicas (``kubectl scale``): the demo runs the operator in-process,
+    and the local kubelet runs Deployments' pods, so the chart's would be a second operator. Returns the names."""
+    from trex_operator.kube import resource_path
+
+    selector = urllib.parse.quote("app.kubernetes.io/component=operator,app.kubernetes.io/managed-by=Helm")
+    items = _http_json("GET", url + resource_path("apps/v1", "Deployment", namespace) + f"?labelSelector={selector}")
+    names = [str(d["metadata"]["name"]) for d in items.get("items") or []]
+    for name in names:
+        req = urllib.request.Request(url + resource_path("apps/v1", "Deployment", namespace, name),
+                                     data=json.dumps({"spec": {"replicas": 0}}).encode(), method="PATCH",
+                                     headers={"Content-Type": "application/merge-patch+json"})
+        with urllib.request.urlopen(req, timeout=10):
+            pass
+    return [f"Deployment/{n}" for n in names]
 
 
 def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> None:
@@ -455,7 +506,8 @@ def _interrupt_on_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep: bool, chart: Path | None = None) -> int:
+def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep: bool, chart: Path | None = None,
+              vllm_python: str | None = None) -> int:
     """Local API server (+ kubeconfig, + the chart through helm) + operator + local kubelet + Prometheus;
     apply ``docs``; watch; summarise; query the dashboard's panels."""
     try:
@@ -489,9 +541,11 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
         why_not = install_chart(chart, kubeconfig, namespace, work_dir / "helm-install.log",
                                 {"webhook.url": webhook}) if chart else "no chart"
         if why_not is None:
+            scaled = scale_chart_operator(emulator.url, namespace)
             print(f"== helm install trex {chart}: CRDs, RBAC, operator Deployment, validating webhook, dashboard"
-                  f" ConfigMap (the operator runs in-process, its webhook on {webhook}; the local kubelet runs"
-                  " job pods only)")
+                  f" ConfigMap (the operator runs in-process, its webhook on {webhook}; the chart's "
+                  f"{', '.join(scaled) or 'operator'} scaled to 0 replicas, so the local kubelet does not start a"
+                  " second one)")
         else:
             emulator.install_crds()
             print(f"== {why_not}; installed the trex CRDs directly (no admission webhook)")
@@ -512,9 +566,11 @@ def run_local(docs: list[dict[str, Any]], work_dir: Path, timeout_s: float, keep
                 print(f"== Prometheus did not start ({exc}); continuing without monitoring")
                 prom.stop()
                 prom = None
-        kubelet = KubeletThread(emulator.url, work_dir, prom.set_targets if prom is not None else (lambda _t: None))
+        kubelet = KubeletThread(emulator.url, work_dir, prom.set_targets if prom is not None else (lambda _t: None),
+                                vllm_python)
         kubelet.start()
-        print(f"== local kubelet: pods run as processes on 127.x.y.z loopback IPs; logs in {work_dir / 'logs'}")
+        print(f"== local kubelet: pods (of Jobs, Deployments and the jobs' gangs) run as processes on 127.x.y.z"
+              f" loopback IPs, vLLM images from {vllm_python or 'no vLLM environment'}; logs in {work_dir / 'logs'}")
         for doc in docs:
             body = copy.deepcopy(doc)
             body.setdefault("metadata", {})["namespace"] = namespace
@@ -692,6 +748,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--work-dir", type=Path, default=Path("demo-out"),
                     help="folder for volumes, pod logs and Prometheus data (default: ./demo-out; cleared first)")
     ap.add_argument("--quick", action="store_true", help="smaller budgets (CI): fewer samples, steps, items, trials")
+    ap.add_argument("--rollouts", choices=ROLLOUT_ENGINES, default="inprocess",
+                    help="where GRPO and OPD sample and the EvalJob generates: inprocess (in the job's pod, the "
+                         "default) or vllm (vLLM server Deployments the operator runs, fed every step's weights; "
+                         "needs .venv-vllm, or TREX_VLLM_VENV)")
     ap.add_argument("--keep", action="store_true",
                     help="after the run keep the API server, operator and Prometheus up until Ctrl-C (kubectl, helm)")
     ap.add_argument("--cluster", action="store_true",
@@ -720,14 +780,15 @@ def main(argv: list[str]) -> int:
     if not ok or args.validate_only:
         return 0 if ok else 1
     try:
-        docs = load_quickstart(examples, args.quick)
+        docs = load_quickstart(examples, args.quick, args.rollouts)
     except ValueError as exc:
         print(f"trex demo: {exc}", file=sys.stderr)
         return 1
     if args.cluster and not cluster_reachable():
         print("trex demo: --cluster: no reachable cluster in the kubeconfig", file=sys.stderr)
         return 2
-    print(f"\n== applying {len(docs)} quickstart jobs ({'--quick budgets' if args.quick else 'full budgets'})"
+    print(f"\n== applying {len(docs)} quickstart jobs ({'--quick budgets' if args.quick else 'full budgets'}, "
+          f"rollouts {'on vLLM servers' if args.rollouts == 'vllm' else 'in process'})"
           f" to {'the kubeconfig current context' if args.cluster else 'the local API server'}")
     if args.cluster:
         try:
@@ -737,14 +798,16 @@ def main(argv: list[str]) -> int:
             return 2
         except KeyboardInterrupt:
             return 130
-    problem = local_runner_problem(docs)
-    if problem is not None:
-        print(f"trex demo: {problem}", file=sys.stderr)
+    vllm_venv = Path(os.environ.get("TREX_VLLM_VENV") or examples.resolve().parent / ".venv-vllm")
+    if args.rollouts == "vllm" and not (vllm_venv / "bin" / "python").exists():
+        print(f"trex demo: --rollouts vllm: no vLLM environment at {vllm_venv} (make demo creates it; or "
+              "bash scripts/vllm-venv.sh; TREX_VLLM_VENV names another)", file=sys.stderr)
         return 2
     try:
         with _interrupt_on_signals():
             return run_local(docs, args.work_dir.resolve(), args.timeout, args.keep,
-                             chart=examples.resolve().parent / "charts" / "trex")
+                             chart=examples.resolve().parent / "charts" / "trex",
+                             vllm_python=str((vllm_venv / "bin" / "python").absolute()))
     except ValueError as exc:
         print(f"trex demo: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,18 +22,68 @@ JOBS = {"quickstart-ordata": "ORDataJob", "quickstart-kernels": "KernelTuneJob",
         "quickstart-grpo": "TrainJob", "quickstart-opd": "TrainJob", "quickstart-eval": "EvalJob"}
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_demo_quickstart_quick(tmp_path: Path) -> None:
+def _demo(work: Path, *extra: str) -> str:
+    """Run `trex demo --quick` into ``work``; its output (the test fails on a non-zero exit)."""
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus is not installed (make test installs it): the dashboard cannot be checked")
-    work = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     env["OMP_NUM_THREADS"] = "1"
     res = subprocess.run([sys.executable, "-m", "trex", "demo", "--quick", "--work-dir", str(work),
-                          "--timeout", "600"], cwd=REPO, env=env, capture_output=True, text=True, timeout=840)
+                          "--timeout", "600", *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=840)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-6000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_quickstart_quick(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    out = _demo(work)
+    _check_quickstart(work, out)
+
+
+def _vllm_venv() -> Path:
+    venv = Path(os.environ.get("TREX_VLLM_VENV", REPO / ".venv-vllm"))
+    venv = venv if venv.is_absolute() else REPO / venv
+    if not (venv / "bin" / "python").exists():
+        why = f"no vLLM environment at {venv} (scripts/vllm-venv.sh creates it)"
+        if os.environ.get("TREX_REQUIRE_VLLM", "") == "1":
+            pytest.fail(f"{why}, and TREX_REQUIRE_VLLM=1 requires it (set TREX_ALLOW_NO_VLLM=1 to opt out)")
+        pytest.skip(why)
+    return venv
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_quickstart_quick_on_vllm(tmp_path: Path) -> None:
+    """`trex demo --quick --rollouts vllm`: the same jobs and results, with GRPO and OPD sampling on vLLM servers
+    the local kubelet ran as Deployments (every step after the first pushed new weights to them) and the EvalJob
+    answered by a vLLM server; the servers' own access logs show the requests."""
+    _vllm_venv()
+    work = tmp_path / "demo"
+    out = _demo(work, "--rollouts", "vllm")
+    _check_quickstart(work, out)
+    jobs = {o["metadata"]["name"]: o for o in json.loads((work / "jobs.json").read_text())}
+    for name in ("quickstart-grpo", "quickstart-opd"):
+        conds = {c["type"]: c for c in jobs[name]["status"]["conditions"]}
+        assert conds["RolloutServerReady"]["status"] == "True", conds
+    logs = {p.name: p.read_text(errors="replace") for p in (work / "logs").glob("*.log")}
+
+    def server_log(prefix: str) -> str:
+        [text] = [t for n, t in logs.items() if n.startswith(prefix)]
+        return text
+
+    for name, steps in (("quickstart-grpo", 3), ("quickstart-opd", 3)):
+        text = server_log(f"{name}-rollout-0-")
+        assert re.search(r'"POST /v1/completions HTTP/1.1" 200', text), text[-3000:]
+        # a weight push before each step but the first (the server starts on the SFT export): reload_weights
+        assert len(re.findall(r'"POST /collective_rpc HTTP/1.1" 200', text)) >= steps - 1, text[-3000:]
+    text = server_log("quickstart-eval-server-")
+    assert re.search(r'"POST /v1/chat/completions HTTP/1.1" 200', text), text[-3000:]
+
+
+def _check_quickstart(work: Path, out: str) -> None:
     jobs: dict[str, dict[str, Any]] = {o["metadata"]["name"]: o for o in json.loads((work / "jobs.json").read_text())}
     assert {name: o["kind"] for name, o in jobs.items()} == JOBS
     assert {name: o["status"]["phase"] for name, o in jobs.items()} == dict.fromkeys(JOBS, "Succeeded")
@@ -70,11 +121,12 @@ def test_demo_quickstart_quick(tmp_path: Path) -> None:
     assert "== oracle check: reference answers cut at maxTokens=1536 score Pass@1 = 100 %" in out, out[-3000:]
 
     # Kernels: the two kernels of the manifest at the quickstart TrainJob's shape classes (shapesFrom: RMSNorm at
-    # hidden 64 and the kv latent 32; SwiGLU at the expert hidden 32 over three row classes), the geomean is theirs,
-    # and the TrainJob (kernelsFrom) ran with every tuned class active and none refused.
+    # hidden 64 and the kv latent 512, the one vLLM's CPU MLA serves; SwiGLU at the expert hidden 32 over three row
+    # classes), the geomean is theirs, and the TrainJob (kernelsFrom) ran with every tuned class active and none
+    # refused.
     kernels = results["quickstart-kernels"]
     assert sorted(kernels["kernels"]) == [
-        "rmsnorm_fwd/fp32/cols32-rows4096", "rmsnorm_fwd/fp32/cols64-rows4096",
+        "rmsnorm_fwd/fp32/cols512-rows4096", "rmsnorm_fwd/fp32/cols64-rows4096",
         "swiglu_clamp_fwd/fp32/cols32-rows16384", "swiglu_clamp_fwd/fp32/cols32-rows4096",
         "swiglu_clamp_fwd/fp32/cols32-rows8192"]
     active = results["quickstart-train"]["kernels"]

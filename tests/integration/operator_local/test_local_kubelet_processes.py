@@ -200,3 +200,103 @@ async def test_cpu_requests_queue_pods_first_come_first_served(cluster: tuple[Ku
         return await phase("big") == "Succeeded" and await phase("small") == "Succeeded"
 
     await wait(both_done, what="both pods to finish")
+
+
+SERVER = r"""
+import http.server, os, pathlib, sys
+host, port, gate = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+pathlib.Path(sys.argv[4]).write_text(f"{os.getpid()} {host} {sys.executable}")
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path != "/health" or gate.exists()
+        self.send_response(200 if ok else 503)
+        self.end_headers()
+        self.wfile.write(b"served by " + host.encode())
+
+    def log_message(self, *a):
+        pass
+
+http.server.HTTPServer((host, port), H).serve_forever()
+"""
+CLIENT = r"""
+import pathlib, sys, urllib.request
+url = pathlib.Path("/etc/cfg/url.txt").read_text().strip()
+pathlib.Path(sys.argv[1]).write_text(url + " " + urllib.request.urlopen(url, timeout=10).read().decode())
+"""
+
+
+async def test_a_deployment_serves_behind_its_readiness_probe_and_service(
+        cluster: tuple[Kube, LocalKubelet, Path], tmp_path: Path) -> None:
+    """A Deployment of a (stand-in) vLLM image: its pod runs from the vLLM interpreter, binds its own IP for
+    0.0.0.0, is Ready (and the Deployment available) only once its probe answers, is reached through its Service's
+    DNS name from another pod's config file, is restarted when its process dies, and is killed when the Deployment
+    is deleted."""
+    kube, kubelet, work = cluster
+    stand_in = tmp_path / "vllm-python"  # the vLLM environment's interpreter: here a link to this one
+    stand_in.symlink_to(sys.executable)
+    kubelet.vllm_python = str(stand_in)
+    gate, info = work / "gate", work / "server.txt"
+    server = {"name": "server", "image": "vllm/vllm-openai:v0.32.0",
+              "command": ["python", "-c", SERVER, "0.0.0.0", "8000", str(gate), str(info)],
+              "ports": [{"name": "http", "containerPort": 8000}],
+              "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+              "resources": {"requests": {"cpu": "500m"}}}
+    labels = {"app": "srv"}
+    await kube.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "srv", "namespace": NS},
+                       "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                                "template": {"metadata": {"labels": labels}, "spec": {"containers": [server]}}}})
+    await kube.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "srv", "namespace": NS},
+                       "spec": {"selector": labels, "ports": [{"port": 8000}]}})
+
+    async def server_pod() -> dict[str, Any] | None:
+        pods = (await kube.request("GET", f"/api/v1/namespaces/{NS}/pods")).get("items") or []
+        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get("app") == "srv"
+                and not p["metadata"].get("deletionTimestamp")]
+        return mine[0] if mine and (mine[0].get("status") or {}).get("phase") == "Running" else None
+
+    pod = await wait(server_pod, what="the server pod to run")
+    await wait(lambda: asyncio.sleep(0, info.exists()), what="the server to start")
+    pid, host, python = info.read_text().split()
+    assert host == pod["status"]["podIP"] != "0.0.0.0" and python == str(stand_in)
+    await asyncio.sleep(1.5)  # probes fail while the server is "loading"
+    pod = await kube.get("v1", "Pod", NS, pod["metadata"]["name"])
+    dep = await kube.get("apps/v1", "Deployment", NS, "srv")
+    assert pod is not None and dep is not None
+    assert {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"] == "False"
+    assert (dep.get("status") or {}).get("availableReplicas", 0) == 0
+    gate.write_text("loaded")
+
+    async def available() -> bool:
+        d = await kube.get("apps/v1", "Deployment", NS, "srv")
+        return ((d or {}).get("status") or {}).get("availableReplicas") == 1
+
+    await wait(available, what="the Deployment to become available")
+    # a pod whose config names the Service reaches the server through it
+    await kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": NS},
+                       "data": {"url.txt": "http://srv.default.svc:8000/v1/models\n"}})
+    await kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": NS},
+                       "spec": {"restartPolicy": "Never", "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}],
+                                "containers": [_container(["python", "-c", CLIENT, str(work / "client.txt")],
+                                                          volumeMounts=[{"name": "cfg", "mountPath": "/etc/cfg"}])]}})
+    await wait(lambda: asyncio.sleep(0, (work / "client.txt").exists()), what="the client to answer")
+    assert (work / "client.txt").read_text() == f"http://{host}:8000/v1/models served by {host}"
+
+    # the server dies: the pod is restarted (restartPolicy Always) after the back-off, and is Ready again
+    info.unlink()
+    os.kill(int(pid), 9)
+
+    async def restarted() -> dict[str, Any] | None:
+        p = await kube.get("v1", "Pod", NS, pod["metadata"]["name"])
+        cs = ((p or {}).get("status") or {}).get("containerStatuses") or [{}]
+        return p if cs[0].get("restartCount") == 1 and cs[0].get("ready") else None
+
+    again = await wait(restarted, timeout=60, what="the server to be restarted")
+    assert again["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
+    pid2 = int(info.read_text().split()[0])
+    assert pid2 != int(pid) and _alive(pid2)
+
+    # the Deployment is deleted (its job ended): its pod goes and the process is killed
+    await kube.delete("apps/v1", "Deployment", NS, "srv")
+    await wait(lambda: asyncio.sleep(0, not _alive(pid2) and not any(
+        n.startswith("srv-") for n in kubelet.pods)), what="the server to be stopped")

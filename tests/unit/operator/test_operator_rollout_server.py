@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import yaml
-from trex_operator.demo import local_runner_problem
 from trex_operator.engine import plan_job
 from trex_operator.plan import ChildRef, Observed, Plan
 from trex_operator.validate import check_document
@@ -227,12 +226,6 @@ def test_what_cannot_run_is_one_line_naming_the_field(edit: Any, start: str) -> 
     [line] = _refused(doc)
     assert line.startswith(start), line
     assert _refused(body()) == []
-
-
-def test_the_local_runner_refuses_rollout_servers_in_one_line() -> None:
-    line = local_runner_problem([body()])
-    assert line is not None and "\n" not in line and "spec.rollout.server" in line
-    assert local_runner_problem([{"kind": "TrainJob", "metadata": {"name": "x"}, "spec": {"trainer": {}}}]) is None
 
 
 def test_trex_plan_shows_the_servers_plan_on_their_own_devices(tmp_path: Path,

@@ -10,15 +10,28 @@ import kubernetes_validate
 import pytest
 from trex_operator.local.kubelet import (
     JOB_INDEX_ANNOTATION,
+    VLLM_CLI,
+    PodAddress,
+    Probe,
+    bind_pod_ip,
+    container_argv,
     container_env,
     cpu_request,
+    deployment_pod_manifest,
+    dns_table,
     expand_vars,
     host_path_dir,
+    is_vllm_image,
     job_pod_manifest,
     parse_cpu,
     plan_batch_job,
+    plan_deployment,
+    readiness_probe,
     resolve_command,
+    restart_backoff,
+    rewrite_hosts,
     rewrite_paths,
+    run_probe,
     service_hostname,
     termination_message,
 )
@@ -206,3 +219,166 @@ def test_cpu_request_precedence_and_errors() -> None:
     assert cpu_request({"resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "4"}}}) == 0.25
     with pytest.raises(ValueError, match="2Gi"):
         cpu_request({"resources": {"requests": {"cpu": "2Gi"}}})
+
+
+# ---- Deployments, model-server images, readiness, cluster DNS ----------------------------------------
+
+
+def test_vllm_images_run_their_entrypoint_from_the_vllm_environment() -> None:
+    for image in ("vllm/vllm-openai:v0.11.0", "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0",
+                  "quay.io/ascend/vllm-ascend:v0.23-a3", "docker.io/vllm/vllm-openai@sha256:ab"):
+        assert is_vllm_image(image), image
+    for image in ("ghcr.io/trex-dev/trex:1", "vllm/trex:1", "img", ""):
+        assert not is_vllm_image(image), image
+    # no command: a vLLM image's ENTRYPOINT (vllm serve) runs the args; another image's entrypoint is unknown
+    assert container_argv({"image": "vllm/vllm-openai:v1", "args": ["/m", "--port", "8000"]}) == \
+        ["vllm", "serve", "/m", "--port", "8000"]
+    assert container_argv({"image": "img", "args": ["x"]}) == []
+    assert container_argv({"image": "vllm/vllm-openai", "command": ["vllm", "serve"], "args": ["/m"]}) == \
+        ["vllm", "serve", "/m"]
+    py, vpy = "/venv/bin/python", "/vllm/bin/python"
+    assert resolve_command(["vllm", "serve", "/m", "vllm"], py, vpy) == [vpy, "-c", VLLM_CLI, "serve", "/m", "vllm"]
+    assert "ServeSubcommand" in VLLM_CLI
+    assert resolve_command(["python", "-m", "vllm.entrypoints.openai.api_server"], py, vpy) == \
+        [vpy, "-m", "vllm.entrypoints.openai.api_server"]
+    assert resolve_command(["vllm", "serve"], py) == ["vllm", "serve"]  # not a vLLM container: left alone
+
+
+def test_bind_pod_ip_gives_each_server_its_own_address() -> None:
+    assert bind_pod_ip(["vllm", "serve", "/m", "--host", "0.0.0.0"], "127.9.0.3", True) == \
+        ["vllm", "serve", "/m", "--host", "127.9.0.3"]
+    assert bind_pod_ip(["vllm", "serve", "/m", "--host=0.0.0.0"], "127.9.0.3", True)[-1] == "--host=127.9.0.3"
+    assert bind_pod_ip(["vllm", "serve", "/m"], "127.9.0.3", True) == ["vllm", "serve", "/m", "--host", "127.9.0.3"]
+    assert bind_pod_ip(["vllm", "serve", "--host", "127.0.0.1"], "127.9.0.3", True) == \
+        ["vllm", "serve", "--host", "127.0.0.1"]
+    assert bind_pod_ip(["python", "x.py", "0.0.0.0:80"], "127.9.0.3", False) == ["python", "x.py", "0.0.0.0:80"]
+
+
+def test_cluster_dns_names_resolve_to_pods() -> None:
+    pods = [PodAddress("srv-abc", "127.9.0.5", {"app": "eval", "role": "server"}, ready=False),
+            PodAddress("srv-def", "127.9.0.6", {"app": "eval", "role": "server"}, ready=True),
+            PodAddress("roll-0", "127.9.0.7", {"role": "server"}, hostname="rollout-0", subdomain="j-rollout"),
+            PodAddress("other", "127.9.0.8", {"app": "x"})]
+    services = [{"metadata": {"name": "eval-server"}, "spec": {"selector": {"app": "eval", "role": "server"}}},
+                {"metadata": {"name": "empty"}, "spec": {"selector": {"app": "none"}}},
+                {"metadata": {"name": "no-selector"}, "spec": {}}]
+    table = dns_table("ns", services, pods)
+    # a Service resolves to a pod it selects, a ready one first; a headless pod name to that pod
+    assert table["eval-server.ns.svc"] == table["eval-server"] == "127.9.0.6"
+    assert table["eval-server.ns.svc.cluster.local"] == "127.9.0.6"
+    assert table["rollout-0.j-rollout.ns.svc"] == "127.9.0.7"
+    assert "empty.ns.svc" not in table and "no-selector.ns.svc" not in table
+    text = ("servers: [http://rollout-0.j-rollout.ns.svc:8000]\nurl: http://eval-server.ns.svc.cluster.local:80/v1\n"
+            "keep: example.com/a.svcx notes.svc.txt")
+    out, missing = rewrite_hosts(text, table)
+    assert out == ("servers: [http://127.9.0.7:8000]\nurl: http://127.9.0.6:80/v1\n"
+                   "keep: example.com/a.svcx notes.svc.txt")
+    assert missing == []
+    assert rewrite_hosts("http://rollout-1.j-rollout.ns.svc:8000", table) == (
+        "http://rollout-1.j-rollout.ns.svc:8000", ["rollout-1.j-rollout.ns.svc"])
+
+
+def test_readiness_probes() -> None:
+    assert readiness_probe({}) is None
+    c = {"ports": [{"name": "http", "containerPort": 8000}],
+         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 3}}
+    assert readiness_probe(c) == Probe(port=8000, path="/health", period_s=3.0)
+    assert readiness_probe({"readinessProbe": {"tcpSocket": {"port": 81}, "initialDelaySeconds": 5}}) == \
+        Probe(port=81, path=None, initial_delay_s=5.0)
+    with pytest.raises(ValueError, match="readinessProbe: only httpGet and tcpSocket"):
+        readiness_probe({"readinessProbe": {"exec": {"command": ["true"]}}})
+    with pytest.raises(ValueError, match="port 'web' is not a named port"):
+        readiness_probe({"readinessProbe": {"httpGet": {"port": "web"}}})
+    # the kubelet's restart back-off: 10 s doubling, capped at 5 minutes
+    assert [restart_backoff(n) for n in (1, 2, 3, 6, 20)] == [10.0, 20.0, 40.0, 300.0, 300.0]
+
+
+def test_run_probe_against_a_real_socket() -> None:
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 503)
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert run_probe("127.0.0.1", Probe(port=port, path="/health"))
+        assert not run_probe("127.0.0.1", Probe(port=port, path="/loading"))
+        assert run_probe("127.0.0.1", Probe(port=port))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not run_probe("127.0.0.1", Probe(port=port, path="/health"))  # refused
+    assert not run_probe("127.0.0.1", Probe(port=port))
+
+
+def _deployment(replicas: int = 1, image: str = "vllm/vllm-openai:v1") -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "srv", "namespace": "ns", "uid": "d1", "generation": 2},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "srv"}},
+                     "template": {"metadata": {"labels": {"app": "srv"}},
+                                  "spec": {"containers": [{"name": "server", "image": image, "args": ["/m"]}]}}}}
+
+
+def _dpod(dep: dict[str, Any], name: str, ready: bool, phase: str = "Running", created: str = NOW) -> dict[str, Any]:
+    pod = deployment_pod_manifest(dep)
+    pod["metadata"].update(name=name, creationTimestamp=created)
+    pod["status"] = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return pod
+
+
+def test_deployment_pod_manifest_is_a_valid_owned_pod() -> None:
+    dep = _deployment()
+    pod = deployment_pod_manifest(dep)
+    kubernetes_validate.validate(pod, "1.33", strict=True)
+    assert pod["metadata"]["generateName"].startswith("srv-") and pod["spec"]["restartPolicy"] == "Always"
+    assert pod["metadata"]["labels"]["app"] == "srv" and pod["metadata"]["labels"]["pod-template-hash"]
+    assert pod["metadata"]["ownerReferences"] == [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "srv",
+                                                   "uid": "d1", "controller": True, "blockOwnerDeletion": True}]
+    other = deployment_pod_manifest(_deployment(image="vllm/vllm-openai:v2"))
+    assert other["metadata"]["labels"]["pod-template-hash"] != pod["metadata"]["labels"]["pod-template-hash"]
+
+
+def test_deployment_controller_keeps_replicas_and_reports_readiness() -> None:
+    dep = _deployment(replicas=2)
+    d = plan_deployment(dep, [], NOW)
+    assert (d.create, d.delete) == (2, [])
+    assert {k: d.status[k] for k in ("replicas", "readyReplicas", "availableReplicas", "observedGeneration")} == {
+        "replicas": 0, "readyReplicas": 0, "availableReplicas": 0, "observedGeneration": 2}
+    assert d.status["conditions"][0]["status"] == "False"
+    pods = [_dpod(dep, "a", True), _dpod(dep, "b", False)]
+    d = plan_deployment(dep, pods, NOW)
+    assert (d.create, d.delete, d.status["readyReplicas"], d.status["availableReplicas"]) == (0, [], 1, 1)
+    assert d.status["conditions"][0]["status"] == "False"  # 1 of 2
+    pods[1]["status"]["conditions"][0]["status"] = "True"
+    d = plan_deployment(dep, pods, "2026-01-01T00:01:00Z")
+    assert d.status["availableReplicas"] == 2 and d.status["conditions"][0]["status"] == "True"
+    # the condition keeps its transition time while its status holds
+    dep["status"] = d.status
+    assert plan_deployment(dep, pods, "2026-01-01T00:09:00Z").status == d.status
+    # scaled down to 1: the not-ready / newest extra pod goes first
+    pods[1]["status"]["conditions"][0]["status"] = "False"
+    one = _deployment(replicas=1)
+    d = plan_deployment(one, pods, NOW)
+    assert (d.create, d.delete, d.status["replicas"]) == (0, ["b"], 1)
+
+
+def test_deployment_controller_replaces_old_template_and_ended_pods() -> None:
+    dep = _deployment()
+    old = _dpod(_deployment(image="vllm/vllm-openai:v0"), "old", True)
+    d = plan_deployment(dep, [old], NOW)
+    assert (d.create, d.delete, d.status["availableReplicas"]) == (1, ["old"], 0)
+    evicted = _dpod(dep, "ev", False, phase="Failed")
+    d = plan_deployment(dep, [evicted], NOW)
+    assert (d.create, d.delete) == (1, ["ev"])
+    going = _dpod(dep, "going", True)
+    going["metadata"]["deletionTimestamp"] = NOW
+    assert plan_deployment(dep, [going], NOW).create == 1
+    assert plan_deployment({**dep, "spec": {**dep["spec"], "replicas": 0}}, [_dpod(dep, "x", True)], NOW).delete == ["x"]

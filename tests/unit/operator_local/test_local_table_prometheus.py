@@ -103,3 +103,41 @@ def test_prepare_work_dir_refuses_foreign_folders(tmp_path: Path) -> None:
     (demo / "old").write_text("stale")
     prepare_work_dir(demo)
     assert not (demo / "old").exists() and (demo / ".trex-demo").exists()
+
+
+def test_vllm_rollouts_add_servers_and_stay_valid() -> None:
+    from trex_operator.demo import VLLM_CPU_IMAGE, rollout_overrides
+    from trex_operator.local.kubelet import container_argv, is_vllm_image
+
+    for quick in (False, True):
+        plain = load_quickstart(REPO / "examples", quick=quick)
+        served = load_quickstart(REPO / "examples", quick=quick, rollouts="vllm")
+        for p, v in zip(plain, served, strict=True):
+            assert check_document("q", 0, v).problems == []
+            assert rollout_overrides(p, "vllm") == v and rollout_overrides(p, "inprocess") == p
+        by_name = {d["metadata"]["name"]: d["spec"] for d in served}
+        for name in ("quickstart-grpo", "quickstart-opd"):
+            server = by_name[name]["rollout"]["server"]
+            assert server["image"] == VLLM_CPU_IMAGE and "--max-model-len" in server["args"]
+        for name in ("quickstart-ordata", "quickstart-kernels", "quickstart-train"):
+            assert by_name[name] == {d["metadata"]["name"]: d["spec"] for d in plain}[name]
+        ev = by_name["quickstart-eval"]
+        # the eval requests name the model the server serves, with the in-process run's sampling
+        assert ev["evaluation"]["model"] == {"kind": "openai", "name": "quickstart-train",
+                                             "sampling": {"maxTokens": 1536}}
+        args = ev["server"]["args"]
+        assert args[args.index("--served-model-name") + 1] == "quickstart-train"
+        # the local kubelet knows the image's entrypoint: the container (no command) runs `vllm serve <args>`
+        assert is_vllm_image(ev["server"]["image"])
+        assert container_argv({"image": ev["server"]["image"], "args": args})[:2] == ["vllm", "serve"]
+    with pytest.raises(ValueError, match="--rollouts 'gpu'"):
+        rollout_overrides(plain[0], "gpu")
+
+
+def test_the_vllm_eval_server_takes_the_export_as_its_model() -> None:
+    """The operator appends the export's folder to the server's args: it must land as --model's value (vllm serve
+    refuses a trailing positional model next to --served-model-name)."""
+    from trex_operator.demo import rollout_overrides
+
+    [ev] = [d for d in load_quickstart(REPO / "examples", quick=True) if d["kind"] == "EvalJob"]
+    assert rollout_overrides(ev, "vllm")["spec"]["server"]["args"][-1] == "--model"
