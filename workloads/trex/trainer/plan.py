@@ -312,7 +312,8 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     indexer = 0.0
     if csa:
         ih, idim = g("csa_indexer_heads"), g("csa_indexer_dim")
-        indexer = (ih * s + ih * idim + ih) * act + 2 * 4 * s + s
+        # scores (ReLU output and its reshaped copy), the KL's log-softmax and target (>= fp32), visibility
+        indexer = (2 * ih * s + ih * idim + ih) * act + 2 * max(act, 4) * s + s
     core = q + kv + attn_out + indexer  # inside the attention module: what selective recompute drops
     attn = norms + streams + core
     e, k, mi, ns = g("n_routed_experts"), g("experts_per_token"), g("moe_intermediate_size"), g("n_shared_experts")
@@ -437,7 +438,7 @@ def v4_context_bytes(v: Mapping[str, Any], local: int, others: int, act: int) ->
     features with the pooling's copies of them; the compressed entries of the other ranks' windows (the whole
     sequences' seq / every, normed and rotated); the masks of the local queries over the halo and those entries
     (sink attention saves no probabilities: its backward recomputes them a block at a time, on every device), and
-    the indexer's scores over the entries."""
+    the indexer's scores over the entries (two copies), its loss's log-softmax and target over them."""
     args = ModelArgs.from_values(dict(v))
     hd = args.head_dim
     seq = local + others
@@ -457,7 +458,7 @@ def v4_context_bytes(v: Mapping[str, Any], local: int, others: int, act: int) ->
                                                        + 2 * 8)  # + position, document
         scores = local * (window + entries)  # the boolean mask
         if kind == "csa":
-            scores += local * entries * (args.csa_indexer_heads * act + 2 * 4 + 1)
+            scores += local * entries * (2 * args.csa_indexer_heads * act + 2 * max(act, 4) + 1)
         out.append(tokens + entries * 4 * hd * act + scores)
     return out
 
