@@ -3,9 +3,10 @@ analytical volume, and forward + backward time, at cp 1, 2 and 4, for an MLA and
 
 For each model and cp (spawned ranks, OMP_NUM_THREADS=1) every rank runs one forward + loss + backward of its
 chunks of the same micro-batch (packed documents) with the cp rank's key gathering installed, and prints:
-- the largest per-rank bytes of the distinct storages autograd saves (parameters excluded) and
-  trex.trainer.plan.context_activation_bytes for the same shape (goal: plan / measured within 0.75-1.33, as the
-  single-process estimate is held to);
+- the largest per-rank bytes of the distinct storages autograd saves in the forward (parameters excluded), the
+  most the backward's recomputations save at once (a V4 layer's sink attention recomputes one block of query
+  rows), and trex.trainer.plan.context_activation_bytes for the same shape against their sum, what a rank keeps
+  (goal: 0.9-1.15);
 - bytes each rank receives from the key exchanges in the forward / the analytical volume (goal: 1.00 on every
   rank; the backward sends the same volume back). MLA all-gathers B x T (cp-1)/cp x element size x
   (kv_lora_rank + rope) per layer. A V4 layer receives its halo (the tokens within csa_window - 1 before a held
