@@ -208,7 +208,7 @@ def sink_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks:
     log-sum-exp), so the live probabilities are one block's whatever the sequence length."""
     step = SINK_BLOCK if block is None else block
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, kv, sinks)):
-        out: torch.Tensor = _BlockedSinkAttention.apply(q, kv, mask, sinks, scale, step)
+        out: torch.Tensor = _BlockedSinkAttention.apply(q, kv, mask, sinks, scale, step)  # type: ignore[no-untyped-call]
         return out
     return _blocked(q, kv, mask, sinks, scale, step)
 
