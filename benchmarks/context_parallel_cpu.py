@@ -3,9 +3,10 @@ analytical volume, and forward + backward time, at cp 1, 2 and 4, for an MLA and
 
 For each model and cp (spawned ranks, OMP_NUM_THREADS=1) every rank runs one forward + loss + backward of its
 chunks of the same micro-batch (packed documents) with the cp rank's key gathering installed, and prints:
-- the largest per-rank bytes of the distinct storages autograd saves (parameters excluded) and
-  trex.trainer.plan.context_activation_bytes for the same shape (goal: plan / measured within 0.75-1.33, as the
-  single-process estimate is held to);
+- the largest per-rank bytes of the distinct storages autograd saves in the forward (parameters excluded), the
+  most the backward's recomputations save at once (a V4 layer's sink attention recomputes one block of query
+  rows), and trex.trainer.plan.context_activation_bytes for the same shape against their sum, what a rank keeps
+  (goal: 0.9-1.15);
 - bytes each rank receives from the key exchanges in the forward / the analytical volume (goal: 1.00 on every
   rank; the backward sends the same volume back). MLA all-gathers B x T (cp-1)/cp x element size x
   (kv_lora_rank + rope) per layer. A V4 layer receives its halo (the tokens within csa_window - 1 before a held
@@ -100,6 +101,50 @@ def v4_analytical(values: dict[str, Any], pos: torch.Tensor, cp: int, rank: int,
     return total * elem
 
 
+class LiveSaved:
+    """saved_tensors_hooks for the backward: the peak bytes of distinct storages (parameters excluded) that the
+    backward's recomputations save and hold at once (a V4 layer's sink attention recomputes one block of query
+    rows at a time)."""
+
+    def __init__(self, params: set[int]) -> None:
+        self.params, self.refs, self.now, self.peak = params, dict[int, list[int]](), 0, 0
+
+    def pack(self, t: torch.Tensor) -> Any:
+        """Count the tensor's storage while a handle to it lives."""
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr in self.params:
+            return t
+        ref = self.refs.setdefault(ptr, [st.nbytes(), 0])
+        if ref[1] == 0:
+            self.now += ref[0]
+            self.peak = max(self.peak, self.now)
+        ref[1] += 1
+        return _Held(self, ptr, t)
+
+    def unpack(self, held: Any) -> torch.Tensor:
+        """The tensor back."""
+        return held.t if isinstance(held, _Held) else held
+
+    def release(self, ptr: int) -> None:
+        """One handle to the storage at ptr is gone."""
+        ref = self.refs[ptr]
+        ref[1] -= 1
+        if ref[1] == 0:
+            self.now -= ref[0]
+            del self.refs[ptr]
+
+
+class _Held:
+    """A saved tensor counted by LiveSaved until autograd drops it."""
+
+    def __init__(self, owner: LiveSaved, ptr: int, t: torch.Tensor) -> None:
+        self.owner, self.ptr, self.t = owner, ptr, t.detach()  # no cycle through a saved output's grad_fn
+
+    def __del__(self) -> None:
+        self.owner.release(self.ptr)
+
+
 def _measure(cp: int, rank: int, seq: int, batch: int, repeat: int, kind: str) -> dict[str, Any]:
     """Saved bytes, gathered bytes and step seconds of this rank's chunks."""
     from trex.trainer.config import resolved_model_values
@@ -146,9 +191,11 @@ def _measure(cp: int, rank: int, seq: int, batch: int, repeat: int, kind: str) -
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(b["ids"], b["pos"], b["docs"], logits=False)
         loss, _ = compute_loss(out, b["ids"], mask, cfg.routing, 0)
-    loss.backward()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = sum(n for ptr, n in sizes.items() if ptr not in params)
+    live = LiveSaved(params)
+    with torch.autograd.graph.saved_tensors_hooks(live.pack, live.unpack):
+        loss.backward()
     forward_gathered = gathered[0]
     times = []
     for _ in range(repeat):
@@ -158,7 +205,7 @@ def _measure(cp: int, rank: int, seq: int, batch: int, repeat: int, kind: str) -
         times.append(time.perf_counter() - t0)
     analytical = (v4_analytical(resolved_model_values(cfg.model), whole_pos, cp, rank, 4) if kind == "v4"
                   else analytical_gather(resolved_model_values(cfg.model), batch, seq, cp, 4))
-    return {"saved": saved, "gathered": forward_gathered, "analytical": analytical,
+    return {"saved": saved, "transient": live.peak, "gathered": forward_gathered, "analytical": analytical,
             "seconds": statistics.median(times)}
 
 
@@ -186,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     from trex.trainer.plan import Layout, context_activation_bytes
 
     print(f"tiny models, {a.batch} x {a.seq} tokens, documents of {DOC}, fp32")
-    print("model cp  saved/rank MiB  plan MiB  plan/saved  gathered/analytical  before MiB  exchanged MiB  fwd+bwd s")
+    print("model cp  saved/rank MiB  bwd transient MiB  plan MiB  plan/kept  gathered/analytical  before MiB  "
+          "exchanged MiB  fwd+bwd s")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("mla", "v4") if a.model == "both" else (a.model,):
             values = resolved_model_values(_cfg(a.seq, kind).model)
@@ -197,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     mp.spawn(_worker, args=(cp, tmp, a.seq, a.batch, a.repeat, kind), nprocs=cp, join=True)  # type: ignore[attr-defined,no-untyped-call]
                     rows = [json.loads((Path(tmp) / f"{kind}-cp{cp}-{r}.json").read_text()) for r in range(cp)]
                 saved = max(r["saved"] for r in rows)
+                transient = max(r["transient"] for r in rows)
                 plan = context_activation_bytes(values, Layout(1, 1, 1, 1, 1, 1), a.batch, a.seq, 4,
                                                 attention_probs=True, cp=cp)
                 ratios = sorted({f"{r['gathered'] / r['analytical']:.2f}" for r in rows if r["analytical"]})
@@ -204,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                 before = v4_gathered_before(values, a.batch, a.seq, cp, 4) if kind == "v4" else 0
                 moved = max(r["gathered"] for r in rows)
                 secs = max(r["seconds"] for r in rows)
-                print(f"{kind:<5} {cp:<3} {saved / 2**20:>14.1f}  {plan / 2**20:>8.1f}  {plan / saved:>10.2f}  "
+                kept = max(r["saved"] + r["transient"] for r in rows)
+                print(f"{kind:<5} {cp:<3} {saved / 2**20:>14.1f}  {transient / 2**20:>17.1f}  {plan / 2**20:>8.1f}  "
+                      f"{plan / kept:>9.2f}  "
                       f"{ratio:>19}  {before / 2**20:>10.2f}  {moved / 2**20:>13.3f}  {secs:>9.3f}")
     return 0
 

@@ -139,9 +139,12 @@ def _act_cfg() -> TrainerConfig:
     return _cfg(Path("unused"), {}, None, 1, ACT_SEQ)
 
 
-def saved_bytes(cfg: TrainerConfig, seq: int, batch: int, cp: int = 1, rank: int = 0, group: Any = None) -> int:
+def saved_bytes(cfg: TrainerConfig, seq: int, batch: int, cp: int = 1, rank: int = 0, group: Any = None,
+                backward: bool = False) -> int:
     """Bytes of the distinct storages autograd saves for one forward + loss of this rank's tokens (parameters
-    excluded), with the cp rank's key gathering installed when cp > 1."""
+    excluded), with the cp rank's key gathering installed when cp > 1; ``backward``: plus the most that the
+    backward's recomputations save at once (a DeepSeek-V4 layer recomputes its attention a block of query rows at
+    a time)."""
     from trex.trainer.model import build_model, compute_loss
     from trex.trainer.parallel.context import install, split_batch
 
@@ -164,9 +167,38 @@ def saved_bytes(cfg: TrainerConfig, seq: int, batch: int, cp: int = 1, rank: int
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(b["ids"], b["pos"], b["docs"], logits=False)
-        compute_loss(out, b["ids"], torch.ones_like(b["ids"], dtype=torch.bool), cfg.routing, 0)
+        loss, _ = compute_loss(out, b["ids"], torch.ones_like(b["ids"], dtype=torch.bool), cfg.routing, 0)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return sum(n for ptr, n in sizes.items() if ptr not in params)
+    kept = sum(n for ptr, n in sizes.items() if ptr not in params)
+    if not backward:
+        return kept
+    live: dict[int, list[int]] = {}
+    now, peak = [0], [0]
+
+    class Handle:
+        def __init__(self, t: torch.Tensor) -> None:
+            self.t, self.ptr = t.detach(), t.untyped_storage().data_ptr()  # detached: no cycle through grad_fn
+
+        def __del__(self) -> None:
+            ref = live[self.ptr]
+            ref[1] -= 1
+            if ref[1] == 0:
+                now[0] -= ref[0]
+                del live[self.ptr]
+
+    def hold(t: torch.Tensor) -> Any:
+        if t.untyped_storage().data_ptr() in params:
+            return t
+        ref = live.setdefault(t.untyped_storage().data_ptr(), [t.untyped_storage().nbytes(), 0])
+        if ref[1] == 0:
+            now[0] += ref[0]
+            peak[0] = max(peak[0], now[0])
+        ref[1] += 1
+        return Handle(t)
+
+    with torch.autograd.graph.saved_tensors_hooks(hold, lambda h: h.t if isinstance(h, Handle) else h):
+        loss.backward()
+    return kept + peak[0]
 
 
 # --- workers -------------------------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def _worker(rank: int, world: int, out: str, layouts: dict[str, dict[str, Any]])
         if world == 2:
             _hand_forward(rank, root)
             (root / f"saved-cp2-{rank}.json").write_text(json.dumps(
-                saved_bytes(_cfg(Path("unused"), {}, None, ACT_SEQ), ACT_SEQ, 2, 2, rank, dist.group.WORLD)))
+                saved_bytes(_cfg(Path("unused"), {}, None, ACT_SEQ), ACT_SEQ, 2, 2, rank, dist.group.WORLD, backward=True)))
         for name, layout in layouts.items():
             losses, state = _run(_cfg(root / name, layout, root / "corpus.jsonl"), root, dist.group.WORLD)
             if rank == 0:
@@ -224,16 +224,17 @@ def test_validate_accepts_v4_under_cp_and_still_refuses_grpo_with_one_line() -> 
 
 @pytest.mark.slow
 def test_v4_activation_plan_counts_what_a_cp_rank_keeps_of_the_other_chunks(runs: Path) -> None:
-    """cp2 rank by rank: saved bytes minus those of one process on the rank's ACT_SEQ / 2 tokens (what the rank
-    keeps of the other chunks: gathered entries, pooling over them, masks and probabilities over all keys)
-    against the plan's cp term, within 10 %."""
+    """cp2 rank by rank: saved bytes, with the backward's recomputed block of attention probabilities, minus those
+    of one process on the rank's ACT_SEQ / 2 tokens (what the rank keeps of the other chunks: gathered entries,
+    pooling over them, masks over all keys, the indexer's scores over the whole sequences' entries, probabilities
+    over the halo and those entries) against the plan's cp term, within 10 %."""
     from trex.trainer.config import resolved_model_values
     from trex.trainer.plan import Layout, activation_bytes, context_activation_bytes
 
     torch.set_num_threads(1)
     cfg = _cfg(Path("unused"), {}, None, ACT_SEQ)
     values, lay = resolved_model_values(cfg.model), Layout(1, 1, 1, 1, 1, 1)
-    local = saved_bytes(cfg, ACT_SEQ // 2, 2)
+    local = saved_bytes(cfg, ACT_SEQ // 2, 2, backward=True)
     planned = (context_activation_bytes(values, lay, 2, ACT_SEQ, 8, attention_probs=True, cp=2)
                - activation_bytes(values, lay, 2, ACT_SEQ // 2, 8, attention_probs=True))
     for rank in (0, 1):

@@ -46,8 +46,8 @@ def test_memory_rule_names_the_numbers_the_device_and_what_to_change() -> None:
     plan = plan_memory(cfg, 128, DEVICES["910b"])
     assert not plan.fits and with_swap(plan, True).fits
     [line] = _problems(_flash())
-    assert line.startswith("spec.trainer.parallelism: needs 66.4 GiB per device; Ascend 910B has 64 GiB: ")
-    assert "or enable optimizer.swap (brings it to 54.1 GiB)" in line
+    assert line.startswith("spec.trainer.parallelism: needs 67 GiB per device; Ascend 910B has 64 GiB: ")
+    assert "or enable optimizer.swap (brings it to 54.8 GiB)" in line
     # the same job on 141 GB H200s fits
     assert _problems({**_flash(), "deviceType": "gpu", "deviceModel": "h200"}) == []
 

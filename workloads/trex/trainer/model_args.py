@@ -12,6 +12,9 @@ if TYPE_CHECKING:
 
 LayerKind = Literal["sliding", "csa", "hca"]
 LAYER_KINDS: tuple[str, ...] = ("sliding", "csa", "hca")
+SINK_BLOCK = 1024
+"""Query rows per block of DeepSeek-V4's sink attention (trex.trainer.model.v4attention.sink_attention): the
+backward recomputes one block's probabilities at a time, and the memory plan counts one block of them."""
 
 
 def default_layer_types(n: int) -> list[str]:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from trex.trainer.config import TrainerConfig, resolved_model_values
 from trex.trainer.mfu import GIB, DeviceSku
-from trex.trainer.model_args import ModelArgs
+from trex.trainer.model_args import SINK_BLOCK, ModelArgs
 from trex.trainer.parallel.placement import tp_style
 
 if TYPE_CHECKING:
@@ -286,8 +286,10 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     experts (top-k copies, x etp gathered tokens), shared and dense MLPs (the MoE layers' terms on this tp
     rank's 1/tp of the micro-batch's tokens: sequence parallelism, trex.trainer.parallel.parallelize; the dense
     MLPs' on the whole micro-batch they gather), and the fused loss's saved
-    input and head-weight gradients. ``attention_probs``: SDPA keeps the [H, T, T + S] probabilities (the
-    math kernel CPUs run with a mask); accelerators' fused attention keeps only the log-sum-exp.
+    input and head-weight gradients. ``attention_probs``: MLA's SDPA keeps the [H, T, T + S] probabilities (the
+    math kernel CPUs run with a mask); accelerators' fused attention keeps only the log-sum-exp. DeepSeek-V4's
+    sink attention keeps its inputs on every device and its backward holds one block's probabilities at a time
+    (:func:`sink_block_bytes`).
     ``recompute``: none, selective (the attention and routed experts keep their inputs only; one layer's
     recompute is live at a time) or full (every block keeps its input; one block's recompute is live)."""
     def g(key: str) -> int:
@@ -305,12 +307,13 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
     q = (2 * ql + 3 * h * qk + (h * qk if csa else 0)) * act
     kv = (2 * kl + rope + (h * (nope + vd) + h * qk) * (1 + s / t)) * act
     attn_out = 2 * h * vd * act + 4 * h + (t + s)  # SDPA output, o_proj input, log-sum-exp, boolean mask
-    if attention_probs:
+    if attention_probs and not csa:
         attn_out += h * (t + s) * act
     indexer = 0.0
     if csa:
         ih, idim = g("csa_indexer_heads"), g("csa_indexer_dim")
-        indexer = (ih * s + ih * idim + ih) * act + 2 * 4 * s + s
+        # scores (ReLU output and its reshaped copy), the KL's log-softmax and target (>= fp32), visibility
+        indexer = (2 * ih * s + ih * idim + ih) * act + 2 * max(act, 4) * s + s
     core = q + kv + attn_out + indexer  # inside the attention module: what selective recompute drops
     attn = residual + core
     e, k, mi, ns = g("n_routed_experts"), g("experts_per_token"), g("moe_intermediate_size"), g("n_shared_experts")
@@ -329,6 +332,7 @@ def activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_le
         total = n_attn * kept_attn + n_moe * kept_moe + n_dense * dense + max(core * n_tok, experts if n_moe else 0)
     else:
         total = n_attn * attn * n_tok + n_moe * moe + n_dense * dense
+    total += sink_block_bytes(v, lay, micro_batch, t, t + s, act) if csa else 0  # one block's recompute, once
     total += n_tok * hc * d * act / lay.tp + mtp * n_tok * 4 * d * act  # embedded streams (sliced); MTP projections
     total += (1 + mtp) * (n_tok * d * act + vocab * d * act + 2 * n_tok * d * act)  # fused loss + final norms
     return int(total)
@@ -344,6 +348,16 @@ def residual_bytes(v: Mapping[str, Any], tp: int, tokens: int, act: int) -> floa
     norms = 4 * d * act
     streams = 2 * (hc * d * (8 + 2 * act) + 8 * iters * (hc * hc + hc)) if hc > 1 else 0
     return (norms + streams) * tokens / tp
+
+
+def sink_block_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, queries: int, keys: int, act: int) -> int:
+    """The bytes DeepSeek-V4's sink attention (trex.trainer.model.v4attention.sink_attention) recomputes and holds
+    at once in the backward: one block of min(queries, SINK_BLOCK) query rows of the micro-batch, the local heads'
+    probabilities over ``keys`` keys, the two copies its autograd saves (measured: the softmax's output with the
+    sink column, the value product's contiguous copy without it). No fused sink-attention kernel exists, so this
+    holds on every device."""
+    rows = micro_batch * (int(v["num_heads"]) // lay.tp) * min(queries, SINK_BLOCK)
+    return rows * (2 * keys + 1) * act
 
 
 def offload_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int, seq_len: int, act: int) -> tuple[int, int]:
@@ -362,8 +376,9 @@ def context_activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int
     tokens of each sequence, and each attention layer also keeps what it gathered of the other ranks' chunks, with
     the mask (and on CPUs the probabilities) over all seq_len keys: an mla layer the latent (kv_lora_rank + rope)
     and the per-head keys and values expanded from it; a DeepSeek-V4 layer (:func:`v4_context_bytes`) its shared
-    key/value entries and its compressor's and indexer's features, pooled over the whole sequences. Those extra
-    keys are kept by every layer without recompute and by the one layer being recomputed with it (under
+    key/value entries and its compressor's and indexer's features, pooled over the whole sequences, and its
+    backward's block of probabilities spans the halo and the whole sequences' entries (:func:`sink_block_bytes`).
+    Those extra keys are kept by every layer without recompute and by the one layer being recomputed with it (under
     recompute they are a transient of one layer). cp = 1 is activation_bytes itself."""
     local = seq_len // cp
     base = activation_bytes(v, lay, micro_batch, local, act, attention_probs, recompute)
@@ -371,9 +386,13 @@ def context_activation_bytes(v: Mapping[str, Any], lay: Layout, micro_batch: int
         return base
     others = seq_len - local  # keys of the other ranks' chunks, per sequence
     if v["attention"] == "csa":
-        per_layer = v4_context_bytes(v, lay, local, others, act, attention_probs)
+        per_layer = v4_context_bytes(v, local, others, act)
         kept = sum(per_layer) if recompute == "none" else max(per_layer)
-        return base + micro_batch * kept
+        every = int(v["csa_compress_every"])  # the layers with the most keys: the window's halo and csa's entries
+        keys = local + halo_tokens(seq_len, cp, int(v["csa_window"]) - 1) + seq_len // every
+        block = sink_block_bytes(v, lay, micro_batch, local, keys, act) - sink_block_bytes(
+            v, lay, micro_batch, local, local + local // every, act)  # beyond activation_bytes' block
+        return base + micro_batch * kept + block
     h = int(v["num_heads"]) // lay.tp
     nope, rope, vd, kl = (int(v[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
     keys = others * (kl + rope + h * (nope + vd) + h * (nope + rope)) * act
@@ -423,18 +442,17 @@ def v4_exchange_bytes(v: Mapping[str, Any], seq: int, cp: int, act: int, rank: i
     return out
 
 
-def v4_context_bytes(v: Mapping[str, Any], lay: Layout, local: int, others: int, act: int,
-                     attention_probs: bool) -> list[int]:
+def v4_context_bytes(v: Mapping[str, Any], local: int, others: int, act: int) -> list[int]:
     """Per DeepSeek-V4 attention layer (trunk, then MTP blocks), the bytes one sequence's ``local`` tokens on a cp
     rank save beyond one process's ``local`` tokens (trex.trainer.parallel.context): the halo tokens before each
     of its chunks (:func:`halo_tokens`): the shared key/value entries of csa_window - 1 of them, and of the
     pooling's reach the compressor's (hca 2 x head_dim, csa 4 x head_dim) and the indexer's (4 x csa_indexer_dim)
     features with the pooling's copies of them; the compressed entries of the other ranks' windows (the whole
-    sequences' seq / every, normed and rotated); the masks of the local queries over the halo and those entries,
-    and on CPUs their probabilities (sink attention saves three copies, measured: two with the sink column, one
-    without), and the indexer's scores over the entries."""
+    sequences' seq / every, normed and rotated); the masks of the local queries over the halo and those entries
+    (sink attention saves no probabilities: its backward recomputes them a block at a time, on every device), and
+    the indexer's scores over the entries (two copies), its loss's log-softmax and target over them."""
     args = ModelArgs.from_values(dict(v))
-    hd, h = args.head_dim, args.num_heads // lay.tp
+    hd = args.head_dim
     seq = local + others
     cp = seq // local
     window = halo_tokens(seq, cp, args.csa_window - 1)
@@ -450,9 +468,9 @@ def v4_context_bytes(v: Mapping[str, Any], lay: Layout, local: int, others: int,
         copies = 4 if kind == "csa" else 3  # csa's overlapping windows also copy the key features
         tokens = window * (hd * act + 2 * 8) + halo * ((feature + indexer + copies * (feature + indexer) // 2) * act
                                                        + 2 * 8)  # + position, document
-        scores = local * (window + entries) * (1 + (3 * h * act if attention_probs else 0))
+        scores = local * (window + entries)  # the boolean mask
         if kind == "csa":
-            scores += local * entries * (args.csa_indexer_heads * act + 2 * 4 + 1)
+            scores += local * entries * (2 * args.csa_indexer_heads * act + 2 * max(act, 4) + 1)
         out.append(tokens + entries * 4 * hd * act + scores)
     return out
 

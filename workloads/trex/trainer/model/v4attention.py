@@ -48,6 +48,7 @@ from trex.trainer.model.layers import (
     unit_rms,
     upcast,
 )
+from trex.trainer.model_args import SINK_BLOCK
 
 
 def block_ids(position_ids: torch.Tensor, doc_ids: torch.Tensor, every: int,
@@ -197,9 +198,24 @@ class Compressor(Pool):
 
 
 def sink_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
-                   scale: float) -> torch.Tensor:
+                   scale: float, block: int | None = None) -> torch.Tensor:
     """softmax([q k^T * scale, sink_h]) without the sink column, times v (= k): q [B, T, H, D],
-    kv [B, S, D] (one shared head), mask [B, 1, T, S] boolean -> [B, T, H, D]."""
+    kv [B, S, D] (one shared head), mask [B, 1, T, S] boolean -> [B, T, H, D].
+
+    Computed in blocks of ``block`` query rows (default model_args.SINK_BLOCK; rows are independent, so the
+    result is that of one block). Under autograd only the inputs are saved and the backward recomputes one
+    block's [B, H, block, S] probabilities at a time (no fused sink-attention kernel exists to keep only the
+    log-sum-exp), so the live probabilities are one block's whatever the sequence length."""
+    step = SINK_BLOCK if block is None else block
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, kv, sinks)):
+        out: torch.Tensor = _BlockedSinkAttention.apply(q, kv, mask, sinks, scale, step)  # type: ignore[no-untyped-call]
+        return out
+    return _blocked(q, kv, mask, sinks, scale, step)
+
+
+def _sink_block(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
+                scale: float) -> torch.Tensor:
+    """sink_attention of one block of query rows, in one piece (its autograd keeps the probabilities)."""
     logits = torch.einsum("bthd,bsd->bhts", q, kv) * scale
     logits = logits.masked_fill(~mask, float("-inf"))
     b, h, t, _ = logits.shape
@@ -207,6 +223,56 @@ def sink_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks:
     full = torch.cat([logits, sink], dim=-1)
     probs = torch.softmax(full - full.amax(-1, keepdim=True).detach(), dim=-1)[..., :-1]
     return torch.einsum("bhts,bsd->bthd", probs.to(kv.dtype), kv)
+
+
+def _blocked(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, scale: float,
+             block: int) -> torch.Tensor:
+    """_sink_block over the query rows ``block`` at a time, concatenated."""
+    t = q.shape[1]
+    if t <= block:
+        return _sink_block(q, kv, mask, sinks, scale)
+    return torch.cat([_sink_block(q[:, i:i + block], kv, mask[:, :, i:i + block], sinks, scale)
+                      for i in range(0, t, block)], dim=1)
+
+
+class _BlockedSinkAttention(torch.autograd.Function):
+    """sink_attention saving only its inputs (q, kv, mask, sinks); the backward recomputes block by block."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor,
+                sinks: torch.Tensor, scale: float, block: int) -> torch.Tensor:
+        """The blocked forward, without a graph; saves the inputs."""
+        ctx.save_for_backward(q, kv, mask, sinks)
+        ctx.scale, ctx.block = scale, block  # type: ignore[attr-defined]
+        device = q.device.type  # the backward recomputes under the forward's autocast
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))  # type: ignore[attr-defined]
+        return _blocked(q, kv, mask, sinks, scale, block)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx,
+                 grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """Per block: recompute its output with a graph, take the gradients of q's rows, kv and sinks, free it."""
+        q, kv, mask, sinks = ctx.saved_tensors  # type: ignore[attr-defined]
+        scale, block = ctx.scale, ctx.block  # type: ignore[attr-defined]
+        device, enabled, dtype = ctx.autocast  # type: ignore[attr-defined]
+        need_q, need_kv, _, need_sinks = ctx.needs_input_grad[:4]  # type: ignore[attr-defined]
+        kv_leaf, sinks_leaf = kv.detach().requires_grad_(need_kv), sinks.detach().requires_grad_(need_sinks)
+        grad_q = torch.empty_like(q) if need_q else None
+        grad_kv = torch.zeros_like(kv) if need_kv else None
+        grad_sinks = torch.zeros_like(sinks) if need_sinks else None
+        for i in range(0, q.shape[1], block):
+            q_leaf = q[:, i:i + block].detach().requires_grad_(need_q)
+            with torch.enable_grad(), torch.autocast(device, dtype, enabled=enabled):
+                out = _sink_block(q_leaf, kv_leaf, mask[:, :, i:i + block], sinks_leaf, scale)
+            wanted = [(x, n) for x, n in ((q_leaf, need_q), (kv_leaf, need_kv), (sinks_leaf, need_sinks)) if n]
+            grads = iter(torch.autograd.grad(out, [x for x, _ in wanted], grad[:, i:i + block]))
+            if grad_q is not None:
+                grad_q[:, i:i + block] = next(grads)
+            if grad_kv is not None:
+                grad_kv += next(grads)
+            if grad_sinks is not None:
+                grad_sinks += next(grads)
+        return grad_q, grad_kv, None, grad_sinks, None, None
 
 
 def window_mask(q_idx: torch.Tensor, doc: torch.Tensor, k_idx: torch.Tensor, k_doc: torch.Tensor,
