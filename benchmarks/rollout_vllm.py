@@ -7,7 +7,9 @@ Usage: python benchmarks/rollout_vllm.py [--preset tiny-vllm] [--overrides '{"hi
 
 Both engines sample the same batch (temperature 1, no stop token, so every sample has exactly --new tokens) from the
 same random weights in fp32; the in-process engine runs in this process (OMP_NUM_THREADS as set), vLLM in its own.
-The two are timed in turn, --repeats times, once the server is up (this machine is noisy): the medians count.
+The two are timed in turn, --repeats times, once the server is up (this machine is noisy): the medians count;
+the in-process engine is also timed once before the server starts (inprocess_alone), since an idle server's
+processes still take CPU time from it on a small machine.
 --overrides (model overrides, the TrainJob's camelCase names) scales the model, e.g. to where decoding is
 compute-bound rather than bound by per-step overheads.
 """
@@ -72,7 +74,9 @@ def main() -> None:
                                          "parameters": sum(p.numel() for p in model.parameters())}
 
     generate(model, prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=2), 0)  # warm-up
+    t0 = time.perf_counter()
     ref = generate(model, prompts, params, 0)
+    out["inprocess_alone_tokens_per_s"] = tokens / (time.perf_counter() - t0)  # before any server runs
 
     root = Path(tempfile.mkdtemp(prefix="rollout-vllm-"))
     try:
@@ -110,6 +114,7 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out["speedup"] = float(out["vllm_tokens_per_s"]) / float(out["inprocess_tokens_per_s"])
+    out["speedup_vs_alone"] = float(out["vllm_tokens_per_s"]) / float(out["inprocess_alone_tokens_per_s"])
     for k, v in out.items():
         print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
     if a.json:
