@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.vllm_env import vllm_venv
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = {"quickstart-ordata": "ORDataJob", "quickstart-kernels": "KernelTuneJob", "quickstart-train": "TrainJob",
@@ -43,15 +44,6 @@ def test_demo_quickstart_quick(tmp_path: Path) -> None:
     _check_quickstart(work, out)
 
 
-def _vllm_venv() -> Path:
-    venv = Path(os.environ.get("TREX_VLLM_VENV", REPO / ".venv-vllm"))
-    venv = venv if venv.is_absolute() else REPO / venv
-    if not (venv / "bin" / "python").exists():
-        why = f"no vLLM environment at {venv} (scripts/vllm-venv.sh creates it)"
-        if os.environ.get("TREX_REQUIRE_VLLM", "") == "1":
-            pytest.fail(f"{why}, and TREX_REQUIRE_VLLM=1 requires it (set TREX_ALLOW_NO_VLLM=1 to opt out)")
-        pytest.skip(why)
-    return venv
 
 
 @pytest.mark.slow
@@ -60,7 +52,7 @@ def test_demo_quickstart_quick_on_vllm(tmp_path: Path) -> None:
     """`trex demo --quick --rollouts vllm`: the same jobs and results, with GRPO and OPD sampling on vLLM servers
     the local kubelet ran as Deployments (every step after the first pushed new weights to them) and the EvalJob
     answered by a vLLM server; the servers' own access logs show the requests."""
-    _vllm_venv()
+    vllm_venv()
     work = tmp_path / "demo"
     out = _demo(work, "--rollouts", "vllm")
     _check_quickstart(work, out)

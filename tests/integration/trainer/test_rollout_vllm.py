@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.vllm_env import vllm_venv
 from test_grpo_learns import GRPO_STEPS, NUMBERS, SFT_STEPS, PrintsTheNumber, _question
 from tokenizers import Tokenizer, models, pre_tokenizers
 from trex.config_base import load_section
@@ -49,16 +50,6 @@ REPO = Path(__file__).resolve().parents[3]
 BASE = {"model": {"preset": "tiny-vllm"}, "device": "cpu", "stability": {"enabled": False}}
 
 
-def _venv() -> Path:
-    venv = Path(os.environ.get("TREX_VLLM_VENV", REPO / ".venv-vllm"))
-    if not venv.is_absolute():
-        venv = REPO / venv
-    if not (venv / "bin" / "python").exists():
-        why = f"no vLLM environment at {venv} (scripts/vllm-venv.sh creates it)"
-        if os.environ.get("TREX_REQUIRE_VLLM", "") == "1":
-            pytest.fail(f"{why}, and TREX_REQUIRE_VLLM=1 requires it (set TREX_ALLOW_NO_VLLM=1 to opt out)")
-        pytest.skip(why)
-    return venv
 
 
 def _tokenizer() -> Tokenizer:
@@ -126,7 +117,7 @@ def _get(url: str) -> dict[str, object]:
 
 @pytest.mark.timeout(1500)
 def test_rollouts_on_a_real_vllm_server(tmp_path: Path) -> None:
-    venv = _venv()
+    venv = vllm_venv()
     hf = _sft(tmp_path)
     server = VLLMServer(hf, venv=venv, max_model_len=256, log_path=tmp_path / "server.log").start()
     try:

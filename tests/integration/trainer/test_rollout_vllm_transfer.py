@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from test_rollout_vllm import _prompts, _push, _tokenizer, _venv
+from helpers.vllm_env import vllm_venv
+from test_rollout_vllm import _prompts, _push, _tokenizer
 from trex.config_base import load_section
 from trex.trainer.config import TrainerConfig
 from trex.trainer.export import export_hf
@@ -127,7 +128,7 @@ def _weights(model: DeepSeekModel) -> contextlib.AbstractContextManager[TrainerW
 
 @pytest.mark.timeout(900)
 def test_transfer_push_serves_what_a_disk_push_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    venv = _venv()
+    venv = vllm_venv()
     a, b = _moe(3), _moe(4)
     monkeypatch.setattr(vllm_server, "MOE_REPACK", vllm_server.MOE_REPACK + GLOO_DATA_PLANE)
     server = VLLMServer(export_hf(a, _tokenizer(), tmp_path / "a"), venv=venv, max_model_len=256,
