@@ -110,6 +110,11 @@ VLLM_CPU_ARGS = ["--enforce-eager", "--max-model-len", "2048", "--kv-cache-memor
 """A CPU server of the quickstart's model: no graph capture (its start is what counts here), contexts of the
 model's 2048 positions, a 256 MiB KV cache (MLA's 576-value latent per token and layer: 2048 x 2 layers x 2.3 kB
 is 9.4 MB a sequence) instead of vLLM's default share of host memory."""
+VLLM_MODEL = {"kvLoraRank": 512, "qkRopeHeadDim": 64, "swigluLimit": 0}
+"""The quickstart model's overrides under ``--rollouts vllm``: vLLM's CPU MLA kernel serves only kvLoraRank +
+qkRopeHeadDim = 576, and DeepseekV3's layout has no SwiGLU clamp (vLLM skips the MTP block, which still trains).
+Every quickstart TrainJob takes them, since GRPO and OPD start from the SFT export; the in-process demo keeps the
+smaller latent (32 + 8), which trains faster."""
 VLLM_SERVER_CPU = "500m"
 """CPU a quickstart server reserves on the local node: it is busy only while a rollout or an evaluation runs,
 and on a 2-core machine a whole core each would leave the trainer that feeds it no core to start on."""
@@ -119,7 +124,8 @@ def rollout_overrides(doc: dict[str, Any], engine: str) -> dict[str, Any]:
     """A copy of a quickstart job that samples on ``engine``. ``vllm``: GRPO and OPD TrainJobs get
     ``spec.rollout.server`` (a CPU vLLM Deployment the operator renders, fed a weight push every step) and the
     EvalJob serves quickstart-train's export with a vLLM ``server`` and evaluates through it (model kind
-    ``openai``, same sampling). ``inprocess``: the manifest as written."""
+    ``openai``, same sampling); every TrainJob's model takes the shape vLLM's CPU build serves (VLLM_MODEL).
+    ``inprocess``: the manifest as written."""
     if engine not in ROLLOUT_ENGINES:
         raise ValueError(f"--rollouts {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
     out = copy.deepcopy(doc)
@@ -128,6 +134,9 @@ def rollout_overrides(doc: dict[str, Any], engine: str) -> dict[str, Any]:
     spec = out.get("spec") or {}
     kind = out.get("kind")
     resources = {"requests": {"cpu": VLLM_SERVER_CPU}}
+    if kind == "TrainJob":
+        model = spec["trainer"]["model"]
+        model["overrides"] = {**(model.get("overrides") or {}), **VLLM_MODEL}
     if kind == "TrainJob" and (spec.get("trainer") or {}).get("mode") in ("grpo", "opd"):
         spec["rollout"] = {"server": {"image": VLLM_CPU_IMAGE, "args": list(VLLM_CPU_ARGS), "resources": resources}}
     elif kind == "EvalJob" and spec.get("modelFrom"):

@@ -119,8 +119,17 @@ def test_vllm_rollouts_add_servers_and_stay_valid() -> None:
         for name in ("quickstart-grpo", "quickstart-opd"):
             server = by_name[name]["rollout"]["server"]
             assert server["image"] == VLLM_CPU_IMAGE and "--max-model-len" in server["args"]
-        for name in ("quickstart-ordata", "quickstart-kernels", "quickstart-train"):
-            assert by_name[name] == {d["metadata"]["name"]: d["spec"] for d in plain}[name]
+        before = {d["metadata"]["name"]: d["spec"] for d in plain}
+        for name in ("quickstart-ordata", "quickstart-kernels"):
+            assert by_name[name] == before[name]
+        for name in ("quickstart-train", "quickstart-grpo", "quickstart-opd"):
+            # every TrainJob's model takes the latent vLLM's CPU MLA kernel serves (512 + 64 = 576), unclamped;
+            # the in-process quickstart keeps its smaller one
+            over, was = by_name[name]["trainer"]["model"]["overrides"], before[name]["trainer"]["model"]["overrides"]
+            assert over["kvLoraRank"] + over["qkRopeHeadDim"] == 576 and over["swigluLimit"] == 0, over
+            assert "kvLoraRank" not in was and {k: over[k] for k in was} == was
+        assert {k: v for k, v in by_name["quickstart-train"].items() if k != "trainer"} == {
+            k: v for k, v in before["quickstart-train"].items() if k != "trainer"}
         ev = by_name["quickstart-eval"]
         # the eval requests name the model the server serves, with the in-process run's sampling
         assert ev["evaluation"]["model"] == {"kind": "openai", "name": "quickstart-train",
